@@ -1,0 +1,1 @@
+"""Benchmarks. Each module measures its peer in the same run and writes results/bench/<name>.json."""

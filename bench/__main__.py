@@ -1,0 +1,24 @@
+"""`python -m bench [name ...]` runs every benchmark module listed in BENCHMARKS (or the named ones)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> module with a `main(argv: list[str]) -> None` that writes results/bench/<name>.json
+BENCHMARKS: dict[str, str] = {
+    "data_prep": "bench.data_prep",
+}
+
+
+def main(argv: list[str]) -> None:
+    names = [a for a in argv if not a.startswith("-")] or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise SystemExit(f"bench: unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
+    for name in names:
+        importlib.import_module(BENCHMARKS[name]).main([a for a in argv if a.startswith("-")])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

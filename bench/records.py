@@ -1,0 +1,63 @@
+"""The benchmark record format of the design guide and an atomic writer for results/bench/<name>.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results" / "bench"
+
+
+@dataclass
+class Record:
+    """One figure. `ratio` is value / peer_value: the number that counts on a noisy machine."""
+
+    name: str
+    value: float
+    unit: str
+    peer: str | None = None
+    peer_value: float | None = None
+    target: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ratio is None and self.peer_value not in (None, 0):
+            self.ratio = self.value / self.peer_value  # type: ignore[operator]
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write_records(name: str, records: list[Record], out_dir: Path | None = None) -> Path:
+    """Write `<out_dir>/<name>.json` atomically (temp file + rename) and print a one-line summary each."""
+    out_dir = Path(out_dir or RESULTS_DIR)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    payload = [{**asdict(r), "config": {**r.config, "machine": machine}} for r in records]
+    path = out_dir / f"{name}.json"
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+    for r in records:
+        peer = f"  vs {r.peer}={r.peer_value:.4g} ratio={r.ratio:.3g}" if r.peer_value is not None else ""
+        target = f"  target {r.target}" if r.target else ""
+        print(f"[bench {name}] {r.name}: {r.value:.4g} {r.unit}{peer}{target}")
+    return path

@@ -1,0 +1,29 @@
+"""The unit every source yields, the data error type and the skip counter reported in manifests."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+
+class DataError(ValueError):
+    """Bad user data: the message is one line naming the file (and line/page where known)."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One article or book. `text` is plain text; paragraphs are separated by newlines."""
+
+    title: str
+    text: str
+    source: str  # where it came from: a file path (plus page/line) or a hub dataset id
+
+
+class SkipCounter(Counter):
+    """Counts of documents or records skipped, by reason; written into the manifest."""
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        self[reason] += count
+
+    def as_dict(self) -> dict[str, int]:
+        return {reason: int(n) for reason, n in sorted(self.items())}

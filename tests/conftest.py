@@ -1,0 +1,28 @@
+"""Shared fixtures. The sample data lives outside the repo: ../shared/data or $BERT_SHARED_DATA."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from data.config import REPO_ROOT, default_shared_data_dir
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = default_shared_data_dir()
+    if not (path / "PROVENANCE.md").is_file():
+        pytest.fail(f"shared sample data not found at {path}; set BERT_SHARED_DATA", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
