@@ -30,7 +30,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         queue.put((rank, True, result))
-    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
+    except BaseException:
         queue.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():

@@ -1,0 +1,102 @@
+"""WordPiece tokenizer: load a BERT vocab or train one on the corpus; saved as `tokenizer.json`.
+
+The saved folder loads with `transformers.AutoTokenizer.from_pretrained(folder)` (or
+`BertTokenizerFast(tokenizer_file=...)`), which is how the trainer and fine-tuning get it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from transformers import BertTokenizerFast, PreTrainedTokenizerBase
+
+from data.config import TokenizerConfig
+from data.documents import DataError
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def load_vocab_file(path: str | Path) -> dict[str, int]:
+    """One token per line, id = line number. Errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data.tokenizer.vocab_file: {path} does not exist")
+    vocab: dict[str, int] = {}
+    with open(path, "rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                token = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{line_number}: vocab line is not UTF-8") from None
+            if not token:
+                raise DataError(f"{path}:{line_number}: empty vocab line")
+            if token in vocab:
+                raise DataError(f"{path}:{line_number}: duplicate vocab token {token!r}")
+            vocab[token] = line_number - 1
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise DataError(f"{path}: vocab lacks the special tokens {missing}")
+    return vocab
+
+
+def train_vocab(texts: Iterable[str], cfg: TokenizerConfig) -> dict[str, int]:
+    """Train a BERT-style WordPiece vocab (same normalizer and pre-tokenizer as BERT's)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=cfg.lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer.get_vocab()
+
+
+def make_tokenizer(vocab: dict[str, int], lowercase: bool) -> BertTokenizerFast:
+    return BertTokenizerFast(vocab=vocab, do_lower_case=lowercase)
+
+
+def build_tokenizer(cfg: TokenizerConfig, texts: Iterable[str] | None = None) -> BertTokenizerFast:
+    """Load `cfg.vocab_file`, or train on `texts` when it is null."""
+    if cfg.vocab_file is not None:
+        return make_tokenizer(load_vocab_file(cfg.vocab_file), cfg.lowercase)
+    if texts is None:
+        raise ValueError("data.tokenizer.vocab_file is null, so a corpus is needed to train the vocab")
+    return make_tokenizer(train_vocab(texts, cfg), cfg.lowercase)
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tokenizer_info(tokenizer: PreTrainedTokenizerBase, tokenizer_file: Path) -> dict:
+    """The manifest's `tokenizer` section."""
+    return {
+        "file": tokenizer_file.name,
+        "sha256": file_sha256(tokenizer_file),
+        "vocab_size": len(tokenizer),
+        "pad_id": tokenizer.pad_token_id,
+        "unk_id": tokenizer.unk_token_id,
+        "cls_id": tokenizer.cls_token_id,
+        "sep_id": tokenizer.sep_token_id,
+        "mask_id": tokenizer.mask_token_id,
+        "lowercase": bool(getattr(tokenizer, "do_lower_case", True)),
+    }
+
+
+def load_prepared_tokenizer(folder: str | Path) -> BertTokenizerFast:
+    """The tokenizer saved beside prepared shards (what the trainer uses)."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise DataError(f"{folder}: no tokenizer.json (is this a prepared data folder?)")
+    return BertTokenizerFast(tokenizer_file=str(path))
