@@ -8,6 +8,7 @@ import sys
 # name -> module with a `main(argv: list[str]) -> None` that writes results/bench/<name>.json
 BENCHMARKS: dict[str, str] = {
     "data_prep": "bench.data_prep",
+    "comm": "bench.comm",
 }
 
 

@@ -116,7 +116,8 @@ def tokenize_documents(documents: list[Document], context: WorkerContext, skips:
         boundaries.append(len(doc_sentences))
     encoded: list[list[int]] = []
     for start in range(0, len(sentences), context.batch_size):
-        batch = tokenizer.encode_batch(
+        # encode_batch_fast skips the offset tracking we never use (~20% faster than encode_batch)
+        batch = tokenizer.encode_batch_fast(
             sentences[start : start + context.batch_size], add_special_tokens=False
         )
         encoded.extend(e.ids for e in batch)

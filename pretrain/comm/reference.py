@@ -1,0 +1,86 @@
+"""Slow single-process model of the compressed allreduce (spec §2) that simulates n workers.
+
+For tests only. It keeps one worker error per simulated rank and one server error per chunk, and
+spells the algorithm out with explicit loops over ranks and plain ±1 sign tensors (no bit packing,
+no collectives), so that it can be checked by reading. Arithmetic is done in the same order as
+:class:`~pretrain.comm.compressed_allreduce.CompressedAllreduce` (sum of the n contributions in
+rank order, then divide by n, then add the server error), so the two agree bitwise on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """Q(y) = scale · signs, and the error y − Q(y) it leaves behind."""
+
+    scale: torch.Tensor  # 0-dim fp32: ‖y‖ / √len(y)
+    signs: torch.Tensor  # ±1 fp32, +1 where y >= 0 (so 0 and −0.0 give +1)
+    error: torch.Tensor
+
+    @property
+    def value(self) -> torch.Tensor:
+        return self.scale * self.signs
+
+
+def quantize(values: torch.Tensor) -> Quantized:
+    """The 1-bit quantizer with one scale for the whole tensor (spec §2 "Quantizer")."""
+    scale = torch.linalg.vector_norm(values) / math.sqrt(values.numel())
+    signs = torch.where(values >= 0, 1.0, -1.0).to(values.dtype)
+    return Quantized(scale, signs, values - scale * signs)
+
+
+class ReferenceCompressedAllreduce:
+    """n simulated ranks, each with its worker error (numel) and server error (numel / n).
+
+    ``__call__(inputs)`` takes one flat fp32 tensor per rank and returns the single output all ranks
+    would hold. The scales of the last call are kept for inspection. With n == 1 the input is
+    returned unchanged, like the real implementation's shortcut.
+    """
+
+    def __init__(self, numel: int, world_size: int) -> None:
+        if numel % (8 * world_size) != 0:
+            raise ValueError(f"numel {numel} is not a multiple of 8 * {world_size}")
+        self.numel = numel
+        self.world_size = world_size
+        self.chunk_numel = numel // world_size
+        self.worker_errors = [torch.zeros(numel) for _ in range(world_size)]
+        self.server_errors = [torch.zeros(self.chunk_numel) for _ in range(world_size)]
+        self.last_worker_scales: list[float] = []
+        self.last_server_scales: list[float] = []
+
+    def chunk(self, values: torch.Tensor, index: int) -> torch.Tensor:
+        return values[index * self.chunk_numel : (index + 1) * self.chunk_numel]
+
+    def __call__(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        if len(inputs) != self.world_size or any(x.shape != (self.numel,) for x in inputs):
+            raise ValueError(f"expected {self.world_size} flat tensors of {self.numel} elements")
+        if self.world_size == 1:
+            return inputs[0].clone()
+
+        # Workers: compress x + e_w with one scale each.
+        worker_values = []
+        for rank in range(self.world_size):
+            quantized = quantize(inputs[rank] + self.worker_errors[rank])
+            self.worker_errors[rank] = quantized.error
+            worker_values.append(quantized)
+        self.last_worker_scales = [float(q.scale) for q in worker_values]
+
+        # Servers: server r averages chunk r of every worker's compressed value, adds its error,
+        # and compresses the result with one scale for the chunk.
+        output_chunks = []
+        self.last_server_scales = []
+        for server in range(self.world_size):
+            total = self.chunk(worker_values[0].value, server)
+            for rank in range(1, self.world_size):
+                total = total + self.chunk(worker_values[rank].value, server)
+            quantized = quantize(total / self.world_size + self.server_errors[server])
+            self.server_errors[server] = quantized.error
+            self.last_server_scales.append(float(quantized.scale))
+            output_chunks.append(quantized.value)
+        return torch.cat(output_chunks)
