@@ -12,8 +12,21 @@ CONSTRAINTS ?= constraints.txt
 PIP_C       := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP       := $(VENV)/.setup-stamp
 
-DATA   ?= sample
+DATA   ?=
 ARGS   ?=
+# pretraining: BATCH=<8k|16k|32k|64k|demo> OPT=<lamb|onebit_lamb|adamw|onebit_adam> MODEL=... NPROC=...
+BATCH  ?= demo
+OPT    ?= lamb
+ifeq ($(BATCH),demo)
+MODEL  ?= bert_tiny
+NPROC  ?= 2
+PRETRAIN_DATA := $(or $(DATA),tiny)
+else
+MODEL  ?= bert_large
+NPROC  ?=
+# empty NPROC: launch/torchrun.sh starts one process per visible GPU
+PRETRAIN_DATA := $(or $(DATA),wikipedia_bookcorpus)
+endif
 PYTEST_ARGS ?=
 # SLOW=0 leaves out tests marked slow (CI runs them: SLOW=1 is the default).
 SLOW   ?= 1
@@ -25,6 +38,7 @@ help:
 	@echo "make demo      whole pipeline at tiny scale on ../shared/data (creates .venv)"
 	@echo "make test      all tests (SLOW=0 skips the slow tier)"
 	@echo "make prepare   DATA=<sample|tiny|wikipedia_bookcorpus> ARGS='hydra overrides'"
+	@echo "make pretrain  BATCH=<demo|8k|16k|32k|64k> OPT=<lamb|onebit_lamb|adamw|onebit_adam> MODEL=... NPROC=..."
 	@echo "make bench     benchmarks -> results/bench/*.json"
 	@echo "make lint      ruff + mypy"
 
@@ -37,9 +51,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q $(PIP_C) -e ".[dev]"
 	@touch $(STAMP)
 
-demo: setup
-	$(PY) -m data.prepare data=$(DATA) $(ARGS)
-	@echo "demo: prepared shards are in data/prepared/$(DATA)/ (pretraining and fine-tuning land with issues #4-#6)"
+demo: setup data/prepared/tiny/seq128/manifest.json
+	$(MAKE) --no-print-directory pretrain BATCH=demo OPT=lamb ARGS="run_name=demo-lamb $(ARGS)"
+	$(MAKE) --no-print-directory pretrain BATCH=demo OPT=onebit_lamb ARGS="run_name=demo-onebit_lamb $(ARGS)"
+	@echo "demo: runs in results/runs/demo-lamb and results/runs/demo-onebit_lamb (metrics.jsonl, checkpoints/*/hf)"
 
 test: setup
 	$(PY) -m pytest $(PYTEST_MARK) $(PYTEST_ARGS)
@@ -50,11 +65,15 @@ lint: setup
 	$(VENV)/bin/mypy
 
 prepare: setup
-	$(PY) -m data.prepare data=$(DATA) $(ARGS)
+	$(PY) -m data.prepare data=$(or $(DATA),sample) $(ARGS)
 
-pretrain: setup
-	@$(PY) -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('pretrain.__main__') else 'make pretrain: the pretraining trainer is not in this version yet (issue #4)')"
-	$(PY) -m pretrain $(ARGS)
+data/prepared/%/seq128/manifest.json: | setup
+	$(PY) -m data.prepare data=$* show_progress=false
+
+# torchrun on this node; multi-node and SLURM: see launch/README.md
+pretrain: setup data/prepared/$(PRETRAIN_DATA)/seq128/manifest.json
+	launch/torchrun.sh $(if $(NPROC),--nproc $(NPROC),) -- batch=$(BATCH) optim=$(OPT) model=$(MODEL) \
+	  data_dir=data/prepared/$(PRETRAIN_DATA) $(ARGS)
 
 finetune: setup
 	@$(PY) -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('finetune.__main__') else 'make finetune: fine-tuning is not in this version yet (issue #5)')"

@@ -9,6 +9,8 @@ import sys
 BENCHMARKS: dict[str, str] = {
     "data_prep": "bench.data_prep",
     "comm": "bench.comm",
+    "optim": "bench.optim",
+    "trainer": "bench.trainer",
 }
 
 

@@ -1,0 +1,208 @@
+"""Optimizer step time on BERT's real parameter shapes (CPU), against peers measured in the same run.
+
+Parameters, gradients and optimizer states are fp32 tensors with the shapes of HF `BertForPreTraining`
+(BERT-Large: 24 layers, hidden 1024, 16 heads, intermediate 4096, vocab 30522, ≈336M parameters;
+`--quick`: BERT-Base shapes, fewer repetitions). All optimizers update the same parameter tensors with
+the same fixed gradients (values do not affect the timing). Each record races two optimizers, their
+steps interleaved so that machine noise hits both alike, with at most two optimizer states alive:
+
+- `Lamb` eager and `Lamb(compile=True)` (NVLAMB) vs `torch.optim.AdamW(fused=True)`. Target ≤ 1.5×.
+- `Lamb` eager and compiled vs torch-optimizer's `Lamb` (the `bench` extra; recorded as skipped, with
+  the reason, if it is missing). Target: ours ≥ 3× faster, i.e. ratio ≤ 0.333.
+- The 1-bit LAMB compression-stage step with one process (the n = 1 path: compute only, no wire time
+  and no κ scaling) vs `Lamb` eager.
+
+Records (results/bench/optim.json): step seconds (median), peer seconds, ratio = value / peer.
+
+    python -m bench optim [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from bench.records import Record, write_records
+from pretrain.optim import Lamb, OnebitLamb, param_groups
+
+PEER_ADAMW = "torch.optim.AdamW(fused=True)"
+PEER_TORCH_OPTIMIZER = "torch_optimizer.Lamb"
+PEER_LAMB = "pretrain.optim.Lamb (eager)"
+
+
+def bert_parameters(large: bool) -> torch.nn.Module:
+    """A module holding fresh fp32 tensors with `BertForPreTraining`'s parameter names and shapes."""
+    from transformers import BertConfig, BertForPreTraining
+
+    if large:
+        config = BertConfig(
+            vocab_size=30522,
+            hidden_size=1024,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            intermediate_size=4096,
+        )
+    else:
+        config = BertConfig(vocab_size=30522)  # BERT-Base defaults
+    with torch.device("meta"):
+        shapes = {name: p.shape for name, p in BertForPreTraining(config).named_parameters()}
+    generator = torch.Generator().manual_seed(0)
+    holder = torch.nn.Module()
+    for index, (name, shape) in enumerate(shapes.items()):
+        param = torch.nn.Parameter(0.02 * torch.randn(shape, generator=generator))
+        param.grad = 1e-3 * torch.randn(shape, generator=generator)
+        # keep the HF names so `param_groups` applies BERT's decay rule (dots are not allowed in names)
+        holder.register_parameter(f"p{index:04d}_{name.replace('.', '__')}", param)
+    return holder
+
+
+def _decay_groups(model: torch.nn.Module) -> list[dict]:
+    # param_groups matches on "bias"/"LayerNorm" substrings, which the mangled names still contain
+    return param_groups(model, 0.01)
+
+
+def interleaved_medians(steps: Mapping[str, Callable[[], Any]], warmup: int, reps: int) -> dict[str, float]:
+    """Median seconds per call of each step function, calls interleaved round-robin after `warmup`."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(reps):
+        for name, step in steps.items():
+            started = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _torch_optimizer_lamb(groups: list[dict]) -> torch.optim.Optimizer:
+    import torch_optimizer
+
+    return torch_optimizer.Lamb(groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+
+
+def _torch_optimizer_note() -> str | None:
+    """None when torch-optimizer imports, else why it is skipped."""
+    try:
+        import torch_optimizer  # noqa: F401
+    except ImportError as error:
+        return f"torch-optimizer not installed ({error}); install the 'bench' extra"
+    return None
+
+
+def _onebit_in_compression(groups: list[dict]) -> OnebitLamb:
+    optimizer = OnebitLamb(groups, lr=1e-3, freeze_step=1, coeff_beta=0.5)
+    optimizer.step()  # the one warmup step; every later step is a compression step
+    return optimizer
+
+
+class Contenders:
+    """Optimizers over the same tensors, built on first use and released when a pair no longer needs
+    them: at most two optimizer states are alive at a time (BERT-Large: ≈ 2.7 GB each, 5.4 for 1-bit
+    LAMB), which keeps this machine's memory system out of the measurement."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.live: dict[str, torch.optim.Optimizer] = {}
+        self.compile_seconds = float("nan")
+
+    def build(self, name: str) -> torch.optim.Optimizer:
+        groups = _decay_groups(self.model)
+        if name == "adamw":
+            return torch.optim.AdamW(groups, lr=1e-3, fused=True)
+        if name == "lamb":
+            return Lamb(groups, lr=1e-3)
+        if name == "torch_optimizer":
+            return _torch_optimizer_lamb(groups)
+        if name == "onebit":
+            return _onebit_in_compression(groups)
+        optimizer = Lamb(groups, lr=1e-3, compile=True)
+        started = time.perf_counter()
+        optimizer.step()  # compiles
+        self.compile_seconds = time.perf_counter() - started
+        return optimizer
+
+    def race(self, names: tuple[str, str], warmup: int, reps: int, keep: tuple[str, ...] = ()) -> list[float]:
+        """Median step seconds of the two, interleaved; then release every optimizer not in `keep`."""
+        steps = {}
+        for name in names:
+            if name not in self.live:
+                self.live[name] = self.build(name)
+            steps[name] = self.live[name].step
+        medians = interleaved_medians(steps, warmup, reps)
+        del steps
+        for name in [n for n in self.live if n not in keep]:
+            del self.live[name]
+        gc.collect()
+        return [medians[name] for name in names]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench optim", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="BERT-Base shapes, fewer repetitions")
+    args = parser.parse_args(argv)
+    large = not args.quick
+    reps, warmup = (5, 1) if large else (3, 1)
+    model = bert_parameters(large)
+    params = list(model.parameters())
+    numel = sum(p.numel() for p in params)
+    config = {
+        "shapes": "BERT-Large" if large else "BERT-Base",
+        "num_params": numel,
+        "num_tensors": len(params),
+        "dtype": "float32",
+        "threads": torch.get_num_threads(),
+        "reps": reps,
+        "statistic": "median seconds per step, the two optimizers of a record interleaved",
+        "variant": "nvlamb",
+    }
+    print(f"[bench optim] {config['shapes']}: {numel / 1e6:.1f}M parameters in {len(params)} tensors")
+    contenders = Contenders(model)
+    records: list[Record] = []
+    step_time, vs_peer = "<= 1.5", "<= 0.333 (>= 3x faster)"
+    skipped = _torch_optimizer_note()
+
+    lamb, adamw = contenders.race(("lamb", "adamw"), warmup, reps, keep=("lamb",))
+    records.append(Record("lamb_eager_step", lamb, "s", PEER_ADAMW, adamw, step_time, config))
+    if skipped is None:
+        lamb, peer = contenders.race(("lamb", "torch_optimizer"), warmup, reps, keep=("torch_optimizer",))
+        records.append(
+            Record(
+                "lamb_eager_step_vs_torch_optimizer", lamb, "s", PEER_TORCH_OPTIMIZER, peer, vs_peer, config
+            )
+        )
+        compiled, peer = contenders.race(("compiled", "torch_optimizer"), warmup, reps, keep=("compiled",))
+        compiled_config = {**config, "compile_seconds": round(contenders.compile_seconds, 1)}
+        records.append(
+            Record(
+                "lamb_compiled_step_vs_torch_optimizer",
+                compiled,
+                "s",
+                PEER_TORCH_OPTIMIZER,
+                peer,
+                vs_peer,
+                compiled_config,
+            )
+        )
+    else:
+        for name in ("lamb_eager_step_vs_torch_optimizer", "lamb_compiled_step_vs_torch_optimizer"):
+            records.append(
+                Record(name, float("nan"), "s", None, None, vs_peer, {**config, "skipped_peer": skipped})
+            )
+    compiled, adamw = contenders.race(("compiled", "adamw"), warmup, reps)
+    compiled_config = {**config, "compile_seconds": round(contenders.compile_seconds, 1)}
+    records.append(Record("lamb_compiled_step", compiled, "s", PEER_ADAMW, adamw, step_time, compiled_config))
+    onebit, lamb = contenders.race(("onebit", "lamb"), warmup, reps)
+    note = "compute only: one process, so no compressed allreduce and no kappa scaling"
+    records.append(
+        Record(
+            "onebit_lamb_compression_step_n1", onebit, "s", PEER_LAMB, lamb, None, {**config, "note": note}
+        )
+    )
+    write_records("optim", records)

@@ -1,0 +1,43 @@
+"""`python -m pretrain` — pretrain BERT with LAMB / 1-bit LAMB / AdamW / 1-bit Adam (Hydra).
+
+    python -m pretrain batch=demo optim=onebit_lamb model=bert_tiny data_dir=data/prepared/tiny
+    torchrun --standalone --nproc-per-node 8 -m pretrain batch=64k optim=onebit_lamb model=bert_large
+    python -m pretrain batch=64k optim=onebit_lamb model=bert_large dry_run=true   # validate a config
+    python -m pretrain -m optim=lamb,onebit_lamb batch=8k,16k                    # Hydra multirun
+
+Exit codes: 0 done, 2 bad config/data/checkpoint (one-line error), 75 checkpointed on SIGTERM/SIGUSR1.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from data.documents import DataError
+from pretrain.config import to_object
+
+
+@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+def main(dict_cfg: DictConfig) -> None:
+    from pretrain.distributed import init_distributed, shutdown_distributed
+    from pretrain.trainer import PREEMPTED_EXIT_CODE, Preempted, Trainer
+
+    try:
+        cfg = to_object(dict_cfg)
+        env = init_distributed()
+        try:
+            Trainer(cfg, env).fit()
+        finally:
+            shutdown_distributed()
+    except Preempted as stop:
+        print(f"pretrain: {stop}", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
+    except (DataError, ValueError) as error:
+        print(f"pretrain: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Process-group setup from torchrun's environment: the one place where CPU and GPU runs differ.
+
+CUDA available -> NCCL backend, one GPU per local rank, bf16 autocast (fp16 on request).
+No CUDA       -> gloo backend on CPU, fp32.
+A plain `python -m pretrain` without torchrun runs as a world of one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout_minutes: float = 30.0) -> DistributedEnv:
+    """Join (or create, for a world of one) the default process group.
+
+    torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*) is used as is; under a submitit
+    SLURM task (Hydra's submitit launcher) it is derived from SLURM's by submitit itself. Only
+    SUBMITIT_EXECUTOR is checked: SLURM_PROCID is also set in plain batch/salloc shells.
+    """
+    if "RANK" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        # sites that give each task its own GPU show one device per process
+        device, backend = torch.device("cuda", local_rank % torch.cuda.device_count()), "nccl"
+        torch.cuda.set_device(device)
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(minutes=timeout_minutes)
+        )
+    return DistributedEnv(rank, world_size, local_rank, device, backend)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def autocast_context(device: torch.device, precision: str) -> AbstractContextManager:
+    """fp32 everywhere on CPU; bf16 (default) or fp16 autocast on CUDA."""
+    if device.type != "cuda" or precision == "fp32":
+        return nullcontext()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return torch.autocast("cuda", dtype=dtype)

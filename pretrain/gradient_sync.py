@@ -1,0 +1,70 @@
+"""Data-parallel gradient averaging as a DDP communication hook that the optimizer can switch off.
+
+LAMB/AdamW and the 1-bit warmup stage: every bucket is mean-allreduced (overlapped with backward, as
+plain DDP does). 1-bit compression stage (`optimizer.needs_gradient_allreduce` is False): the hook
+returns the local bucket untouched, so gradients are never communicated; the optimizer exchanges the
+compressed momentum instead. The trainer sets `enabled` before each step from the optimizer.
+
+At log steps (`measure=True`) the hook also records this rank's squared gradient norm before
+averaging, which with the averaged norm gives the gradient noise scale (McCandlish et al. 2018).
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations at registration.
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed import GradBucket
+
+from pretrain.comm.counter import ring_allreduce_bytes
+
+
+class GradientSync:
+    def __init__(self, group: dist.ProcessGroup | None, world_size: int):
+        self.group = group
+        self.world_size = world_size
+        self.enabled = True
+        self.measure = False
+        self.local_square_norm = torch.zeros(())
+        self.numel = 0  # elements allreduced in the last step
+        self.first_launch: float | None = None
+        self.last_done: float | None = None
+
+    def start_step(self, *, enabled: bool, measure: bool) -> None:
+        self.enabled, self.measure = enabled, measure
+        self.local_square_norm = torch.zeros(())
+        self.numel = 0
+        self.first_launch = self.last_done = None
+
+    @property
+    def seconds(self) -> float:
+        """Wall time from the first bucket's launch to the last bucket's completion in this step."""
+        if self.first_launch is None or self.last_done is None:
+            return 0.0
+        return self.last_done - self.first_launch
+
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes this rank put on the wire this step (fp32 ring allreduce model)."""
+        return ring_allreduce_bytes(self.numel, 4, self.world_size) if self.world_size > 1 else 0.0
+
+    @staticmethod
+    def hook(state: "GradientSync", bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        if state.measure:
+            state.local_square_norm = state.local_square_norm.to(buffer.device) + buffer.float().pow(2).sum()
+        if not state.enabled or state.world_size == 1:
+            future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            future.set_result(buffer)
+            return future
+        if state.first_launch is None:
+            state.first_launch = time.perf_counter()
+        state.numel += buffer.numel()
+        buffer.div_(state.world_size)
+        work = dist.all_reduce(buffer, group=state.group, async_op=True)
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            state.last_done = time.perf_counter()
+            return fut.value()[0]
+
+        return work.get_future().then(done)

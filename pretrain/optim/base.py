@@ -1,0 +1,201 @@
+"""Plumbing shared by our optimizers: fp32 master weights, skip-on-overflow bookkeeping, checkpoints.
+
+Contracts every optimizer here keeps:
+- Math runs in fp32. A bf16/fp16 parameter gets an fp32 master copy in `state[p]["master_param"]`; the
+  step updates the master and copies it back into the parameter. Gradients are read in fp32.
+- `step()` first looks at the gradients; if any is Inf/NaN it changes nothing, counts the step in
+  `num_skipped_steps` and sets `last_step_skipped` (the 1-bit optimizers agree on this across ranks).
+- `needs_gradient_allreduce` says whether the trainer must average the gradients over the data-parallel
+  group before the next `step()` (always True here; the 1-bit optimizers turn it off).
+- `state_dict()`/`load_state_dict()` keep tensor dtypes (torch's default loader would cast fp32 state to a
+  bf16 parameter's dtype) and never restore `exp_avg_mask` from a checkpoint: the current run's masks win.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Param-group keys owned by the current run's configuration, never taken from a checkpoint.
+RUN_OWNED_GROUP_KEYS = ("params", "exp_avg_mask")
+EXTRA_STATE_KEY = "extra"
+
+
+def evaluate_closure(closure: Callable[[], Any] | None) -> Any:
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def global_norm(per_tensor_norms: Tensor) -> Tensor:
+    """√Σ‖g_i‖², fp32 scalar; non-finite iff some gradient holds Inf/NaN (or the sum overflows fp32)."""
+    return torch.linalg.vector_norm(per_tensor_norms.float())
+
+
+# On CPU, updates run over chunks of consecutive tensors of about this many elements: the scratch stays
+# small and a chunk's several passes hit the cache. On accelerators a chunk is a whole group (fewer
+# kernel launches; memory bandwidth is what counts there).
+CPU_CHUNK_NUMEL = 1 << 20
+
+
+class Workspace:
+    """fp32 scratch reused by every step, never freed in between: allocating and freeing hundreds of MB
+    per step costs more than the math on CPU (page faults), and the math wants no allocation anyway."""
+
+    def __init__(self, chunk_numel: int | None = None) -> None:
+        self.chunk_numel = chunk_numel
+        self._buffer: Tensor | None = None
+
+    def chunks(self, tensors: list[Tensor]) -> list[slice]:
+        """Consecutive index ranges of at most `chunk_numel` elements (a bigger tensor stands alone)."""
+        limit = self.chunk_numel
+        if limit is None:
+            limit = CPU_CHUNK_NUMEL if tensors and tensors[0].device.type == "cpu" else None
+        if limit is None:
+            return [slice(0, len(tensors))]
+        spans, start, size = [], 0, 0
+        for index, tensor in enumerate(tensors):
+            if index > start and size + tensor.numel() > limit:
+                spans.append(slice(start, index))
+                start, size = index, 0
+            size += tensor.numel()
+        spans.append(slice(start, len(tensors)))
+        return spans
+
+    def flat(self, numel: int, device: torch.device) -> Tensor:
+        """The first `numel` elements of the buffer (grown if needed)."""
+        if self._buffer is None or self._buffer.numel() < numel or self._buffer.device != device:
+            self._buffer = torch.empty(numel, dtype=torch.float32, device=device)
+        return self._buffer[:numel]
+
+    def views(self, tensors: list[Tensor]) -> list[Tensor]:
+        """Scratch views shaped like `tensors`, all from one buffer."""
+        buffer = self.flat(sum(t.numel() for t in tensors), tensors[0].device)
+        views, offset = [], 0
+        for t in tensors:
+            views.append(buffer[offset : offset + t.numel()].view(t.shape))
+            offset += t.numel()
+        return views
+
+
+class OptimizerBase(torch.optim.Optimizer):
+    """torch.optim.Optimizer plus the contracts in this module's docstring."""
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        super().__init__(params, defaults)
+        self.num_skipped_steps = 0
+        self.last_step_skipped = False
+        self.workspace = Workspace()
+
+    @property
+    def needs_gradient_allreduce(self) -> bool:
+        """Whether the trainer must allreduce (mean) the gradients before the next `step()`."""
+        return True
+
+    def statistics(self) -> dict[str, float]:
+        """A few numbers for the metrics log (host syncs: call at log steps only)."""
+        return {"skipped_steps": float(self.num_skipped_steps)}
+
+    # -- fp32 views ------------------------------------------------------------------------------------
+    def _fp32_param(self, param: Tensor) -> Tensor:
+        """The fp32 tensor the math updates: the parameter itself, or its fp32 master (created lazily)."""
+        if param.dtype == torch.float32:
+            return param
+        state = self.state[param]
+        if "master_param" not in state:
+            state["master_param"] = param.detach().float()
+        return state["master_param"]
+
+    @staticmethod
+    def _fp32_grad(param: Tensor) -> Tensor:
+        grad = param.grad
+        if grad is None:
+            return torch.zeros_like(param, dtype=torch.float32)
+        if grad.is_sparse:
+            raise ValueError("sparse gradients are not supported")
+        return grad if grad.dtype == torch.float32 else grad.float()
+
+    def _chunked(
+        self,
+        update: Callable[..., Tensor | None],
+        tensor_lists: list[list[Tensor]],
+        per_tensor: tuple[Tensor, ...],
+        **kwargs: Any,
+    ) -> Tensor | None:
+        """Apply a list update (`functional`) chunk by chunk with workspace scratch. `tensor_lists[0]`
+        decides the chunks; `per_tensor` 1-D values are sliced alike; per-tensor results concatenated."""
+        results = []
+        for span in self.workspace.chunks(tensor_lists[0]):
+            results.append(
+                update(
+                    *(tensors[span] for tensors in tensor_lists),
+                    *(values[span] for values in per_tensor),
+                    workspace=self.workspace.views(tensor_lists[0][span]),
+                    **kwargs,
+                )
+            )
+        return None if results[0] is None else torch.cat(results)  # type: ignore[arg-type]
+
+    def _copy_masters_back(self, params: list[Tensor]) -> None:
+        low_precision = [p for p in params if p.dtype != torch.float32]
+        if low_precision:
+            torch._foreach_copy_(low_precision, [self.state[p]["master_param"] for p in low_precision])
+
+    def _record_skip(self, skip: bool) -> bool:
+        self.last_step_skipped = skip
+        self.num_skipped_steps += int(skip)
+        return skip
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def _extra_state(self) -> dict[str, Any]:
+        return {"num_skipped_steps": self.num_skipped_steps}
+
+    def _load_extra_state(self, extra: dict[str, Any]) -> None:
+        self.num_skipped_steps = int(extra.get("num_skipped_steps", 0))
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's layout ({"state": {index: {...}}, "param_groups": [...]}) without `exp_avg_mask`, plus
+        {"extra": {...}} from `_extra_state()`. Tensors are the live state tensors, not copies."""
+        state_dict = super().state_dict()
+        state_dict["param_groups"] = [
+            {k: v for k, v in group.items() if k != "exp_avg_mask"} for group in state_dict["param_groups"]
+        ]
+        state_dict[EXTRA_STATE_KEY] = self._extra_state()
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a `state_dict()`: tensors are copied onto each parameter's device keeping their dtype;
+        group hyperparameters come from the checkpoint except `exp_avg_mask` (the current run's)."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups) or any(
+            len(saved["params"]) != len(group["params"])
+            for saved, group in zip(saved_groups, self.param_groups)
+        ):
+            raise ValueError("optimizer checkpoint has a different parameter-group layout than this model")
+        by_index = {
+            index: param
+            for saved, group in zip(saved_groups, self.param_groups)
+            for index, param in zip(saved["params"], group["params"])
+        }
+        for saved, group in zip(saved_groups, self.param_groups):
+            group.update({k: copy.deepcopy(v) for k, v in saved.items() if k not in RUN_OWNED_GROUP_KEYS})
+        self.state = defaultdict(dict)
+        for index, param_state in state_dict["state"].items():
+            param = by_index[index]
+            self.state[param] = {
+                key: value.to(device=param.device, copy=True) if isinstance(value, Tensor) else value
+                for key, value in param_state.items()
+            }
+        self._load_extra_state(state_dict.get(EXTRA_STATE_KEY, {}))
+
+
+def is_finite(value: Tensor) -> bool:
+    """Host-side check of a scalar tensor (one device sync)."""
+    return math.isfinite(float(value))

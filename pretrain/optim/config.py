@@ -1,0 +1,168 @@
+"""Typed optimizer configs, one dataclass per registry entry (`pretrain.optim.OPTIMIZERS`), which
+registers each as `<name>_schema` in Hydra's ConfigStore, group `optim`.
+
+`conf/optim/<name>.yaml` starts with `defaults: [<name>_schema, _self_]`, so a misspelt key fails at
+composition; `__post_init__` range checks raise ValueError naming the key (`optim.<key>`). Defaults are
+the spec's library defaults (§1.3, §3.1, §4) except weight_decay = 0.01 (BERT, §1.5; DeepSpeed's 1-bit
+default is 0), which `param_groups` applies to all but biases and LayerNorm.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pretrain.optim.lamb import LambVariant
+
+logger = logging.getLogger(__name__)
+
+
+def _require(condition: bool, key: str, requirement: str) -> None:
+    if not condition:
+        raise ValueError(f"optim.{key} {requirement}")
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = ""
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        _require(0.0 <= self.beta1 < 1.0, "beta1", f"must be in [0, 1), got {self.beta1}")
+        _require(0.0 <= self.beta2 < 1.0, "beta2", f"must be in [0, 1), got {self.beta2}")
+        _require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+
+    def _check_name(self, expected: str) -> None:
+        _require(
+            self.name == expected,
+            "name",
+            f"must be '{expected}' for {type(self).__name__}, got '{self.name}'",
+        )
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """Constructor keyword arguments (besides params and the process group)."""
+        return {"lr": self.lr, "betas": (self.beta1, self.beta2), "weight_decay": self.weight_decay}
+
+
+@dataclass
+class LambConfig(OptimizerConfig):
+    name: str = "lamb"
+    eps: float | None = None  # None: variant default (nvlamb 1e-6, deepspeed 1e-8)
+    variant: LambVariant = LambVariant.nvlamb
+    bias_correction: bool = True
+    max_grad_norm: float | None = None  # None: variant default (nvlamb 1.0, deepspeed 0 = off)
+    min_coeff: float = 0.01  # deepspeed variant only
+    max_coeff: float = 10.0  # deepspeed variant only
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_name("lamb")
+        _require(self.eps is None or self.eps > 0, "eps", f"must be > 0 or null, got {self.eps}")
+        _require(
+            self.max_grad_norm is None or self.max_grad_norm >= 0,
+            "max_grad_norm",
+            f"must be >= 0 (0 = off) or null, got {self.max_grad_norm}",
+        )
+        _require(
+            0 <= self.min_coeff <= self.max_coeff, "min_coeff", "must satisfy 0 <= min_coeff <= max_coeff"
+        )
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return {
+            **super().optimizer_kwargs(),
+            "eps": self.eps,
+            "variant": self.variant,
+            "bias_correction": self.bias_correction,
+            "max_grad_norm": self.max_grad_norm,
+            "min_coeff": self.min_coeff,
+            "max_coeff": self.max_coeff,
+            "compile": self.compile,
+        }
+
+
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    name: str = "adamw"
+    eps: float = 1e-8
+    fused: bool | None = None  # None: fused when the parameters' device supports it
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_name("adamw")
+        _require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return {**super().optimizer_kwargs(), "eps": self.eps, "fused": self.fused}
+
+
+@dataclass
+class _OnebitConfig(OptimizerConfig):
+    freeze_step: int = 100000  # warmup steps; the tutorial advises 15-25% of the run
+    eps: float = 1e-8
+    # Momentum mask for position-embedding rows >= max_seq_length (never trained): `param_groups(...,
+    # max_seq_length=...)` builds it; 1-bit signs cannot encode the zero momentum of those rows.
+    mask_unused_position_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.freeze_step >= 1, "freeze_step", f"must be >= 1, got {self.freeze_step}")
+        _require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return {**super().optimizer_kwargs(), "eps": self.eps, "freeze_step": self.freeze_step}
+
+
+@dataclass
+class OnebitLambConfig(_OnebitConfig):
+    name: str = "onebit_lamb"
+    max_coeff: float = 10.0  # DeepSpeed BERT recipes use 0.3
+    min_coeff: float = 0.01
+    coeff_beta: float = 0.9
+    factor_max: float = 4.0
+    factor_min: float = 0.5
+    factor_threshold: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_name("onebit_lamb")
+        _require(
+            0 <= self.min_coeff <= self.max_coeff, "min_coeff", "must satisfy 0 <= min_coeff <= max_coeff"
+        )
+        _require(0.0 < self.coeff_beta < 1.0, "coeff_beta", f"must be in (0, 1), got {self.coeff_beta}")
+        _require(0 < self.factor_min <= 1.0, "factor_min", f"must be in (0, 1], got {self.factor_min}")
+        _require(self.factor_max >= 1.0, "factor_max", f"must be >= 1, got {self.factor_max}")
+        _require(
+            0.0 <= self.factor_threshold < 1.0,
+            "factor_threshold",
+            f"must be in [0, 1), got {self.factor_threshold}",
+        )
+        if 1.0 / (1.0 - self.coeff_beta) > self.freeze_step:
+            logger.warning(
+                "optim.coeff_beta: 1/(1 - coeff_beta) > freeze_step; DeepSpeed advises the opposite"
+            )
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return {
+            **super().optimizer_kwargs(),
+            "max_coeff": self.max_coeff,
+            "min_coeff": self.min_coeff,
+            "coeff_beta": self.coeff_beta,
+            "factor_max": self.factor_max,
+            "factor_min": self.factor_min,
+            "factor_threshold": self.factor_threshold,
+        }
+
+
+@dataclass
+class OnebitAdamConfig(_OnebitConfig):
+    name: str = "onebit_adam"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_name("onebit_adam")

@@ -1,0 +1,377 @@
+"""The optimizer math as pure functions over lists of same-device fp32 tensors (spec §1, §3, §4).
+
+Every function updates the tensors it is given in place (names ending in `_`) or returns new tensors;
+none reads optimizer state, process groups or globals, so each is tested against hand-computed numbers
+(`tests/unit/test_optim_*.py`) and can be wrapped in `torch.compile`. Per-tensor scalars (norms, trust
+ratios, factors) travel as 1-D tensors of length `len(params)` and are applied through lists of 0-dim
+tensors, so nothing here synchronizes with the device.
+
+Notation as in the spec: m = exp_avg, v = exp_avg_sq, v_f = fresh exp_avg_sq, λ = weight decay.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "adam_direction_",
+    "adam_frozen_update_",
+    "adam_moments_",
+    "adam_update_",
+    "bias_corrections",
+    "compressed_lamb_update_",
+    "deepspeed_lamb_update_",
+    "factor_rule",
+    "freeze_coeff_ema",
+    "grad_norms",
+    "lamb_kernel_scalars",
+    "lamb_tensor_apply_",
+    "lamb_tensor_direction_",
+    "local_momentum_",
+    "nvlamb_update_",
+    "scaling_coefficients",
+    "trust_ratios",
+]
+
+
+def grad_norms(grads: list[Tensor]) -> Tensor:
+    """Per-tensor L2 norms in fp32, shape [len(grads)]; non-finite where a tensor holds Inf/NaN."""
+    if not grads:
+        return torch.zeros(0)
+    return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+
+
+def bias_corrections(beta1: float, beta2: float, step: int) -> tuple[float, float]:
+    """Adam's (1 − β1^t, √(1 − β2^t)) for the 1-based step t, computed on the host: inside a compiled
+    kernel a power or root of a scalar argument would be re-evaluated for every vector of elements."""
+    return 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
+
+
+def _as_scalars(values: Tensor) -> list[Tensor]:
+    """A [k] tensor as k 0-dim tensors: foreach ops broadcast them per tensor without a host sync."""
+    return list(values.unbind())
+
+
+def adam_moments_(
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    grads: list[Tensor],
+    *,
+    beta1: float,
+    beta2: float,
+    grad_scale: float = 1.0,
+) -> None:
+    """m ← β1·m + (1−β1)·s·g and v ← β2·v + (1−β2)·(s·g)², s = grad_scale (the clip factor)."""
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=(1.0 - beta1) * grad_scale)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=(1.0 - beta2) * grad_scale * grad_scale)
+
+
+def trust_ratios(param_norms: Tensor, update_norms: Tensor) -> Tensor:
+    """‖p‖/‖u‖ per tensor, 1 where either norm is 0 (a fresh zero-initialized bias, a zero update)."""
+    usable = (param_norms > 0) & (update_norms > 0)
+    return torch.where(usable, param_norms / torch.where(usable, update_norms, 1.0), 1.0)
+
+
+def _scratch(workspace: list[Tensor] | None, like: list[Tensor]) -> list[Tensor]:
+    """Scratch tensors shaped like `like`: the caller's (reused across steps) or freshly allocated."""
+    return workspace if workspace is not None else [torch.empty_like(t, dtype=torch.float32) for t in like]
+
+
+def adam_direction_(out: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], eps: float) -> None:
+    """out ← m / (√v + ε), built in place in `out` (no allocation)."""
+    torch._foreach_copy_(out, exp_avg_sqs)
+    torch._foreach_sqrt_(out)
+    torch._foreach_add_(out, eps)
+    torch._foreach_reciprocal_(out)
+    torch._foreach_mul_(out, exp_avgs)
+
+
+def nvlamb_update_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction1: float = 1.0,
+    bias_correction2_sqrt: float = 1.0,
+    grad_scale: float = 1.0,
+    workspace: list[Tensor] | None = None,
+) -> None:
+    """One apex/NVIDIA LAMB step on one parameter group (spec §1.3), in place.
+
+    `grad_scale` is the global pre-normalization 1/max(1, G/max_grad_norm), computed by the caller over
+    ALL groups. u = m̂/(√v̂+ε) + λp (decoupled decay, ε outside the root); p ← p − η·r·u with the trust
+    ratio r = ‖p‖/‖u‖ when λ ≠ 0 and r = 1 when λ = 0. Bias corrections from `bias_corrections()`.
+    `workspace`: optional scratch tensors shaped like `params`, overwritten.
+
+    Implementation note: with s = √bc2/bc1, m̂/(√v̂+ε) = s·m/(√v+ε√bc2); u is built as u/s, which the
+    trust ratio cancels, and s is folded into the final step size: two fewer passes over memory.
+    """
+    adam_moments_(exp_avgs, exp_avg_sqs, grads, beta1=beta1, beta2=beta2, grad_scale=grad_scale)
+    scale = bias_correction2_sqrt / bias_correction1
+    updates = _scratch(workspace, params)
+    adam_direction_(updates, exp_avgs, exp_avg_sqs, eps * bias_correction2_sqrt)  # u/s
+    if weight_decay == 0.0:
+        torch._foreach_add_(params, updates, alpha=-lr * scale)
+        return
+    torch._foreach_add_(updates, params, alpha=weight_decay / scale)
+    param_norms, update_norms = grad_norms(params), grad_norms(updates)
+    usable = (param_norms > 0) & (update_norms > 0)
+    # `updates` holds u/s: the trust ratio cancels s, the fallback ratio 1 does not.
+    coeffs = torch.where(usable, trust_ratios(param_norms, update_norms), scale)
+    torch._foreach_addcmul_(params, updates, _as_scalars(coeffs), value=-lr)
+
+
+def deepspeed_lamb_update_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    min_coeff: float,
+    max_coeff: float,
+    bias_correction1: float = 1.0,
+    bias_correction2_sqrt: float = 1.0,
+    grad_scale: float = 1.0,
+    workspace: list[Tensor] | None = None,
+) -> Tensor:
+    """One DeepSpeed-FusedLamb step on one group (spec §1.2; also the 1-bit LAMB warmup, §3.4), in place.
+
+    u = m/(√v+ε) + λp with uncorrected moments; c = clamp(‖p‖/‖u‖, min_coeff, max_coeff) on EVERY tensor
+    (c = 1, unclamped, where a norm is 0); p ← p − η·b·c·u with b = √(1−β2^t)/(1−β1^t) from
+    `bias_corrections()`, or b = 1 (the defaults) without bias correction. Returns the coefficients c,
+    shape [len(params)] (1-bit LAMB averages them). `workspace` as in `nvlamb_update_`.
+    """
+    adam_moments_(exp_avgs, exp_avg_sqs, grads, beta1=beta1, beta2=beta2, grad_scale=grad_scale)
+    step_size = lr * bias_correction2_sqrt / bias_correction1
+    updates = _scratch(workspace, params)
+    adam_direction_(updates, exp_avgs, exp_avg_sqs, eps)
+    if weight_decay != 0.0:
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+    param_norms, update_norms = grad_norms(params), grad_norms(updates)
+    usable = (param_norms > 0) & (update_norms > 0)
+    coeffs = torch.where(usable, trust_ratios(param_norms, update_norms).clamp(min_coeff, max_coeff), 1.0)
+    torch._foreach_addcmul_(params, updates, _as_scalars(coeffs), value=-step_size)
+    return coeffs
+
+
+def lamb_tensor_direction_(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    update: Tensor,
+    scalars: Tensor,
+    *,
+    beta1: float,
+    beta2: float,
+) -> Tensor:
+    """First half of one tensor's LAMB step, written for `torch.compile` (one fused loop).
+
+    Moments as `adam_moments_`, then `update` ← a·m/(√v + e) + λp. Returns [‖p‖, ‖u‖]. Everything that
+    changes between steps arrives in the 1-D tensor `scalars` (`lamb_kernel_scalars`): one compiled graph
+    serves every step, and no scalar power or root is re-evaluated inside the generated element loop.
+    """
+    _, grad_scale, direction_scale, eps, weight_decay, _, _, _ = scalars.unbind()
+    scaled_grad = grad * grad_scale
+    exp_avg.mul_(beta1).add_(scaled_grad * (1.0 - beta1))
+    exp_avg_sq.mul_(beta2).add_(scaled_grad * scaled_grad * (1.0 - beta2))
+    update.copy_(direction_scale * exp_avg / (exp_avg_sq.sqrt() + eps) + weight_decay * param)
+    return torch.stack([torch.linalg.vector_norm(param), torch.linalg.vector_norm(update)])
+
+
+def lamb_tensor_apply_(
+    param: Tensor, update: Tensor, norms: Tensor, scalars: Tensor, *, clamp_ratio: bool
+) -> Tensor:
+    """Second half: p ← p − η·b·r·u with r = ‖p‖/‖u‖ (1 where a norm is 0), clamped to [min, max] if
+    `clamp_ratio` (deepspeed), else applied only where λ ≠ 0 (nvlamb). Returns r (0-dim)."""
+    lr, _, _, _, weight_decay, step_scale, min_coeff, max_coeff = scalars.unbind()
+    param_norm, update_norm = norms.unbind()
+    usable = (param_norm > 0) & (update_norm > 0)
+    ratio = torch.where(usable, param_norm / torch.where(usable, update_norm, 1.0), 1.0)
+    if clamp_ratio:
+        ratio = torch.where(usable, ratio.clamp(min_coeff, max_coeff), 1.0)
+    else:
+        ratio = torch.where(weight_decay != 0, ratio, 1.0)
+    param.sub_(update * (lr * step_scale * ratio))
+    return ratio
+
+
+def lamb_kernel_scalars(
+    *,
+    clamp_ratio: bool,
+    lr: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction1: float,
+    bias_correction2_sqrt: float,
+    grad_scale: float,
+    min_coeff: float = 0.0,
+    max_coeff: float = 0.0,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """`scalars` of `lamb_tensor_direction_`/`lamb_tensor_apply_`. nvlamb (clamp_ratio False) puts the bias
+    correction in the direction (a = √bc2/bc1, e = ε·√bc2, b = 1), deepspeed on the step (a = 1, e = ε,
+    b = √bc2/bc1): the same numbers as `nvlamb_update_` / `deepspeed_lamb_update_`."""
+    correction = bias_correction2_sqrt / bias_correction1
+    direction_scale, scaled_eps, step_scale = (
+        (1.0, eps, correction) if clamp_ratio else (correction, eps * bias_correction2_sqrt, 1.0)
+    )
+    values = [lr, grad_scale, direction_scale, scaled_eps, weight_decay, step_scale, min_coeff, max_coeff]
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def freeze_coeff_ema(coeff_freeze: Tensor, coeffs: Tensor, coeff_beta: float) -> Tensor:
+    """c̄ ← β·c̄ + (1−β)·c where c ≠ 1 (an unusable ratio does not count), no bias correction (§3.4)."""
+    return torch.where(coeffs != 1.0, coeff_beta * coeff_freeze + (1.0 - coeff_beta) * coeffs, coeff_freeze)
+
+
+def scaling_coefficients(exp_avgs: list[Tensor]) -> Tensor:
+    """κ per tensor (§3.5b): ρ = ‖m‖/√numel, κ = mean(ρ)/ρ, so every tensor enters the one-scale
+    compressor at the same RMS.
+
+    Guard (not in DeepSpeed, §3.7): a tensor whose momentum RMS is 0 or non-finite gets κ = 1 and is left
+    out of the mean; if no tensor qualifies every κ is 1. Shape [len(exp_avgs)], fp32.
+    """
+    numels = torch.tensor([float(m.numel()) for m in exp_avgs])
+    rms = grad_norms(exp_avgs) / numels.to(exp_avgs[0].device).sqrt()
+    usable = torch.isfinite(rms) & (rms > 0)
+    count = usable.sum()
+    mean_rms = torch.where(usable, rms, 0.0).sum() / count.clamp(min=1)
+    return torch.where(usable, mean_rms / torch.where(usable, rms, 1.0), 1.0)
+
+
+def local_momentum_(exp_avgs: list[Tensor], grads: list[Tensor], *, beta1: float) -> None:
+    """m ← β1·m + (1−β1)·g with this rank's own (not averaged) gradient (§3.5c, §4)."""
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+
+
+def factor_rule(
+    raw_factors: Tensor,
+    last_factors: Tensor,
+    *,
+    factor_min: float,
+    factor_max: float,
+    factor_threshold: float,
+) -> Tensor:
+    """f ← clamp(f, min, max), then within ±threshold (relative) of the previous factor (§3.5j)."""
+    bounded = raw_factors.clamp(factor_min, factor_max)
+    low, high = last_factors * (1.0 - factor_threshold), last_factors * (1.0 + factor_threshold)
+    return torch.minimum(torch.maximum(bounded, low), high)
+
+
+def compressed_lamb_update_(
+    params: list[Tensor],
+    exp_avgs: list[Tensor],
+    prev_exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    fresh_exp_avg_sqs: list[Tensor],
+    coeff_freeze: Tensor,
+    last_factors: Tensor,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    factor_min: float,
+    factor_max: float,
+    factor_threshold: float,
+    workspace: list[Tensor] | None = None,
+) -> Tensor:
+    """1-bit LAMB compression-stage update of one group after the momentum exchange (§3.5f–k), in place.
+
+    `exp_avgs` is the synchronized momentum of this step, `prev_exp_avgs` that of the previous step (it is
+    overwritten with scratch values), `exp_avg_sqs` the frozen v. Updates v_f from the reconstructed
+    gradient ĝ = (m − β1·m_prev)/(1−β1), then p ← p − η·c̄·f·(m/(√v+ε) + λp), f the clamped, rate-limited
+    ratio max(√v+ε)/(√v_f+ε) (blended towards 1 by ‖u₀‖/‖u‖ when λ > 0). Returns f, shape [len(params)].
+    """
+    # f. v_f ← β2·v_f + (1−β2)·ĝ². prev becomes β1·m_prev − m = −(1−β1)·ĝ; the 1/(1−β1)² is folded in.
+    torch._foreach_mul_(prev_exp_avgs, beta1)
+    torch._foreach_sub_(prev_exp_avgs, exp_avgs)
+    torch._foreach_mul_(fresh_exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(
+        fresh_exp_avg_sqs, prev_exp_avgs, prev_exp_avgs, value=(1.0 - beta2) / (1.0 - beta1) ** 2
+    )
+    # g, h. denom = √v + ε (v frozen, in `prev`); raw f = max(denom / (√v_f + ε)) (in `ratios`).
+    denoms, ratios = prev_exp_avgs, _scratch(workspace, params)
+    torch._foreach_copy_(denoms, exp_avg_sqs)
+    torch._foreach_sqrt_(denoms)
+    torch._foreach_add_(denoms, eps)
+    torch._foreach_copy_(ratios, fresh_exp_avg_sqs)
+    torch._foreach_sqrt_(ratios)
+    torch._foreach_add_(ratios, eps)
+    torch._foreach_reciprocal_(ratios)
+    torch._foreach_mul_(ratios, denoms)
+    raw = torch.stack(torch._foreach_max(ratios))
+    # u0 = m / denom, in the ratio buffer.
+    updates = ratios
+    torch._foreach_copy_(updates, exp_avgs)
+    torch._foreach_div_(updates, denoms)
+    if weight_decay != 0.0:
+        # i. blend towards 1 by q = min(1, ‖u0‖/‖u‖): the share of the step the variance acts on.
+        base_norms = grad_norms(updates)
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+        full_norms = grad_norms(updates)
+        usable = full_norms > 0
+        q = torch.where(usable, base_norms / torch.where(usable, full_norms, 1.0), 1.0).clamp(max=1.0)
+        raw = q * raw + (1.0 - q)
+    factors = factor_rule(
+        raw, last_factors, factor_min=factor_min, factor_max=factor_max, factor_threshold=factor_threshold
+    )
+    torch._foreach_addcmul_(params, updates, _as_scalars(coeff_freeze * factors), value=-lr)
+    return factors
+
+
+def adam_update_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    workspace: list[Tensor] | None = None,
+) -> None:
+    """1-bit Adam warmup step (§4): moments without bias correction, then `adam_frozen_update_`."""
+    adam_moments_(exp_avgs, exp_avg_sqs, grads, beta1=beta1, beta2=beta2)
+    adam_frozen_update_(
+        params, exp_avgs, exp_avg_sqs, lr=lr, eps=eps, weight_decay=weight_decay, workspace=workspace
+    )
+
+
+def adam_frozen_update_(
+    params: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    lr: float,
+    eps: float,
+    weight_decay: float,
+    workspace: list[Tensor] | None = None,
+) -> None:
+    """p ← p − η·(m/(√v+ε) + λp) with the given (in the compression stage: frozen) v (§4)."""
+    updates = _scratch(workspace, params)
+    adam_direction_(updates, exp_avgs, exp_avg_sqs, eps)
+    if weight_decay != 0.0:
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+    torch._foreach_add_(params, updates, alpha=-lr)

@@ -1,0 +1,170 @@
+"""LAMB (arXiv 1904.00962) in two explicit variants (spec §1.4):
+
+- `nvlamb` (default): apex FusedLAMB / NVIDIA BERT semantics (§1.3). Global gradient-norm
+  pre-normalization by `max_grad_norm` (default 1.0), bias-corrected m̂/v̂, ε = 1e-6 outside the root,
+  decoupled weight decay, trust ratio ‖p‖/‖u‖ only on tensors whose group has weight decay ≠ 0.
+- `deepspeed`: DeepSpeed FusedLamb (§1.2). Trust ratio on every tensor, clamped to [min_coeff,
+  max_coeff]; bias correction optional and applied to the step after the ratio; ε = 1e-8; no
+  pre-normalization unless `max_grad_norm` is set. With `bias_correction=False` this is exactly the
+  warmup stage of `OnebitLamb`.
+
+Gradients must already be averaged over data-parallel ranks (`needs_gradient_allreduce` is always True)
+and, with gradient accumulation, be the MEAN over micro-batches (divide the loss by their number).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pretrain.optim import functional as F
+from pretrain.optim.base import OptimizerBase, evaluate_closure, global_norm, is_finite
+
+
+class LambVariant(str, enum.Enum):
+    nvlamb = "nvlamb"
+    deepspeed = "deepspeed"
+
+
+DEFAULT_EPS = {LambVariant.nvlamb: 1e-6, LambVariant.deepspeed: 1e-8}
+DEFAULT_MAX_GRAD_NORM = {LambVariant.nvlamb: 1.0, LambVariant.deepspeed: 0.0}
+
+
+class Lamb(OptimizerBase):
+    """LAMB over fp32 math (fp32 masters for bf16/fp16 parameters).
+
+    Args:
+        params: parameters or param groups (groups may override lr, betas, eps, weight_decay).
+        lr, betas, weight_decay: as in Adam(W); weight decay is decoupled (added to the update).
+        eps: None = the variant's default (nvlamb 1e-6, deepspeed 1e-8).
+        variant: "nvlamb" or "deepspeed" (module docstring).
+        bias_correction: nvlamb: in m̂/v̂; deepspeed: factor √(1−β2^t)/(1−β1^t) on the step.
+        max_grad_norm: gradients are divided by max(1, G/max_grad_norm), G the global norm over all
+            groups; 0 disables; None = the variant's default (nvlamb 1.0, deepspeed 0).
+        min_coeff, max_coeff: trust-ratio clamp of the deepspeed variant (ignored by nvlamb).
+        compile: run the update as two `torch.compile`d kernels per tensor (`F.lamb_tensor_direction_`,
+            `F.lamb_tensor_apply_`; the first steps compile, about 10–30 s on CPU) instead of the eager
+            foreach functions. Same math; results agree to float rounding, not bitwise.
+
+    The step counter is per group (`group["step"]`, apex semantics); a parameter without a gradient is
+    left untouched. A step whose gradients hold Inf/NaN is skipped (`last_step_skipped`).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float | None = None,
+        weight_decay: float = 0.01,
+        *,
+        variant: LambVariant | str = LambVariant.nvlamb,
+        bias_correction: bool = True,
+        max_grad_norm: float | None = None,
+        min_coeff: float = 0.01,
+        max_coeff: float = 10.0,
+        compile: bool = False,
+    ) -> None:
+        self.variant = LambVariant(variant)
+        eps = DEFAULT_EPS[self.variant] if eps is None else eps
+        self.max_grad_norm = DEFAULT_MAX_GRAD_NORM[self.variant] if max_grad_norm is None else max_grad_norm
+        if lr < 0 or eps <= 0 or weight_decay < 0 or self.max_grad_norm < 0:
+            raise ValueError(f"invalid Lamb hyperparameters lr={lr} eps={eps} weight_decay={weight_decay}")
+        if not 0.0 <= min_coeff <= max_coeff:
+            raise ValueError(f"Lamb needs 0 <= min_coeff <= max_coeff, got {min_coeff}, {max_coeff}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, step=0)
+        super().__init__(params, defaults)
+        self.bias_correction = bias_correction
+        self.min_coeff, self.max_coeff = min_coeff, max_coeff
+        self.compile = compile
+        if compile:
+            self._direction = torch.compile(F.lamb_tensor_direction_, dynamic=True)
+            self._apply = torch.compile(F.lamb_tensor_apply_, dynamic=True)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One LAMB step on averaged (and micro-batch-mean) gradients; skipped if any is Inf/NaN."""
+        loss = evaluate_closure(closure)
+        groups = [[p for p in group["params"] if p.grad is not None] for group in self.param_groups]
+        grads = [[self._fp32_grad(p) for p in params] for params in groups]
+        total_norm = global_norm(F.grad_norms([g for gs in grads for g in gs]))
+        if self._record_skip(not is_finite(total_norm)):
+            return loss
+        grad_scale = self._grad_scale(total_norm)
+        for group, params, group_grads in zip(self.param_groups, groups, grads):
+            if params:
+                self._update_group(group, params, group_grads, grad_scale)
+        self._copy_masters_back([p for params in groups for p in params])
+        return loss
+
+    def _grad_scale(self, total_norm: Tensor) -> float:
+        if self.max_grad_norm <= 0:
+            return 1.0
+        return 1.0 / max(1.0, float(total_norm) / self.max_grad_norm)
+
+    def _update_group(
+        self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], grad_scale: float
+    ) -> None:
+        for p in params:
+            if "exp_avg" not in self.state[p]:
+                self.state[p]["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                self.state[p]["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        group["step"] += 1
+        beta1, beta2 = group["betas"]
+        bias_correction1, bias_correction2_sqrt = (
+            F.bias_corrections(beta1, beta2, group["step"]) if self.bias_correction else (1.0, 1.0)
+        )
+        tensors = (
+            [self._fp32_param(p) for p in params],
+            grads,
+            [self.state[p]["exp_avg"] for p in params],
+            [self.state[p]["exp_avg_sq"] for p in params],
+        )
+        hyper = dict(
+            lr=group["lr"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            bias_correction1=bias_correction1,
+            bias_correction2_sqrt=bias_correction2_sqrt,
+            grad_scale=grad_scale,
+        )
+        if self.compile:
+            self._compiled_update(*tensors, beta1=beta1, beta2=beta2, **hyper)
+        else:
+            self._eager_update(*tensors, beta1=beta1, beta2=beta2, **hyper)
+
+    def _eager_update(self, *tensor_lists: list[Tensor], **hyper: Any) -> None:
+        """The foreach functions chunk by chunk, temporaries in the reused workspace."""
+        if self.variant is LambVariant.nvlamb:
+            self._chunked(F.nvlamb_update_, list(tensor_lists), (), **hyper)
+        else:
+            extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
+            self._chunked(F.deepspeed_lamb_update_, list(tensor_lists), (), **extra, **hyper)
+
+    def _compiled_update(
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        exp_avgs: list[Tensor],
+        exp_avg_sqs: list[Tensor],
+        *,
+        beta1: float,
+        beta2: float,
+        **hyper: Any,
+    ) -> None:
+        """Two compiled kernels per tensor (one graph each for 1-D tensors of any length): moments and
+        direction into the workspace with the two norms, then the trust-ratio step."""
+        clamp_ratio = self.variant is LambVariant.deepspeed
+        scalars = F.lamb_kernel_scalars(
+            clamp_ratio=clamp_ratio, min_coeff=self.min_coeff, max_coeff=self.max_coeff,
+            device=params[0].device, **hyper,
+        )  # fmt: skip
+        scratch = self.workspace.flat(max(p.numel() for p in params), params[0].device)
+        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+            p, g, m, v, update = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1), scratch[: p.numel()]
+            norms = self._direction(p, g, m, v, update, scalars, beta1=beta1, beta2=beta2)
+            self._apply(p, update, norms, scalars, clamp_ratio=clamp_ratio)

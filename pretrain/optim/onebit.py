@@ -1,0 +1,286 @@
+"""What 1-bit LAMB and 1-bit Adam share: the two stages, fused momentum buffers, overflow agreement and
+rank-local checkpoint state (spec §3, §4, §5).
+
+Stages, with t the 1-based index of the step being taken and F = freeze_step:
+- warmup, t ≤ F: the trainer allreduces (means) gradients; the subclass runs exact LAMB/Adam.
+- compression, t > F: every rank steps on its OWN gradients; the momentum is exchanged with the 1-bit
+  compressed allreduce (`pretrain.comm`); the variance v is frozen at its value after step F.
+`needs_gradient_allreduce` is `step_count < freeze_step`, so it turns False right after step F. There
+is no DeepSpeed-style first-step no-op (§3.3): a fresh optimizer's first `step()` updates, so our F
+warmup updates are DeepSpeed's freeze_step F + 1 (DeepSpeed spends its first batch on the no-op and
+updates at steps 2..F). `freeze_step` may be changed between steps (e.g. per phase): lowered below the
+step count, the next step freezes and compresses; raised above it, warmup resumes and freezes again at
+the new value (v_f ← v, κ recomputed, factor and error feedback restarted).
+
+Momentum storage: `state[p]["exp_avg"]` is a view into a flat fp32 buffer (one per `_segments()` entry:
+all tensors for 1-bit LAMB, one per group for 1-bit Adam), padded with `padded_numel`; the pad takes
+part in the compressed allreduce and is kept (and checkpointed), as DeepSpeed does.
+
+Every parameter takes part in every step: a missing gradient counts as zero, so state, step counters
+and the flat buffer always cover all parameters (DeepSpeed fails or desynchronizes there, §3.7).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pretrain.comm import CompressedAllreduce, TrafficCounter, padded_numel
+from pretrain.optim import functional as F
+from pretrain.optim.base import OptimizerBase, evaluate_closure, global_norm
+
+logger = logging.getLogger(__name__)
+
+
+class Stage(str, enum.Enum):
+    warmup = "warmup"
+    compression = "compression"
+
+
+@dataclass
+class MomentumSegment:
+    """One flat fp32 buffer holding the momenta of `params` as views, plus its compressor (n > 1)."""
+
+    params: list[Tensor]
+    buffer: Tensor
+    views: list[Tensor]
+    pad: Tensor
+    compressor: CompressedAllreduce | None
+    previous: Tensor | None = None  # snapshot of `buffer` (1-bit LAMB), allocated once
+
+    @classmethod
+    def build(
+        cls, params: list[Tensor], world_size: int, group: Any, traffic: TrafficCounter
+    ) -> MomentumSegment:
+        numel = sum(p.numel() for p in params)
+        device = params[0].device
+        buffer = torch.zeros(padded_numel(numel, world_size), dtype=torch.float32, device=device)
+        compressor = None
+        if world_size > 1:
+            compressor = CompressedAllreduce(buffer.numel(), group, device, counter=traffic)
+        return cls(params, buffer, _views_like(buffer, params), buffer[numel:], compressor)
+
+    def snapshot(self) -> list[Tensor]:
+        """Copy the momentum into the persistent `previous` buffer; per-parameter views of the copy."""
+        if self.previous is None:
+            self.previous = torch.empty_like(self.buffer)
+        self.previous.copy_(self.buffer)
+        return _views_like(self.previous, self.params)
+
+    def reset_exchange_state(self) -> None:
+        """Zero the error-feedback buffers and the pad (a fresh start of compression)."""
+        self.pad.zero_()
+        if self.compressor is not None:
+            self.compressor.reset_errors()
+
+    def views_of(self, flat: Tensor) -> list[Tensor]:
+        """Per-parameter views into another buffer laid out like `buffer` (e.g. a snapshot)."""
+        return _views_like(flat, self.params)
+
+
+def _views_like(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view(p.shape))
+        offset += p.numel()
+    return views
+
+
+def _world_size(group: Any) -> int:
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+class OnebitOptimizer(OptimizerBase):
+    """Base class; subclasses define `_segment_groups()`, `_init_param_state()`, `_warmup_step()`,
+    `_compression_step()` and may extend `_on_load_warmup()`.
+
+    Overflow: each rank checks its gradients for Inf/NaN and the flag is MAX-allreduced over `group`
+    (needed in the compression stage, where gradients differ per rank); if set, no rank changes any
+    state (parameters, moments, errors, counters except `num_skipped_steps`). So every rank must call
+    `step()` every step, overflow or not: a rank that skips the call alone leaves the others waiting.
+
+    `traffic` (a `pretrain.comm.TrafficCounter`) totals the bytes of the compressed exchanges.
+    """
+
+    def __init__(
+        self, params: Iterable[Any], defaults: dict[str, Any], *, freeze_step: int, group: Any = None
+    ) -> None:
+        if freeze_step < 1:
+            raise ValueError(f"freeze_step must be >= 1, got {freeze_step}")
+        super().__init__(params, {**defaults, "step": 0})
+        self.freeze_step = freeze_step
+        self.group = group
+        self.world_size = _world_size(group)
+        self.traffic = TrafficCounter()  # bytes of the compressed exchanges (zero with one rank)
+        self.frozen_at: int | None = None  # step count at the last switch to compression
+        self._segments: list[MomentumSegment] | None = None
+
+    # -- stage -----------------------------------------------------------------------------------------
+    @property
+    def step_count(self) -> int:
+        """Steps taken (skipped ones not counted); the same in every group."""
+        return self.param_groups[0]["step"]
+
+    @property
+    def stage(self) -> Stage:
+        """Stage of the NEXT `step()`."""
+        return Stage.warmup if self.step_count < self.freeze_step else Stage.compression
+
+    @property
+    def needs_gradient_allreduce(self) -> bool:
+        """True in warmup: mean-allreduce gradients before the next step. False in compression: do NOT."""
+        return self.stage is Stage.warmup
+
+    # -- step ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One step. Warmup: gradients must be averaged over ranks; compression: this rank's own. Either
+        way they must be the MEAN over this rank's micro-batches (divide the loss by their number, §5.2)."""
+        loss = evaluate_closure(closure)
+        segments = self._ensure_state()
+        grads = [self._fp32_grad(p) for segment in segments for p in segment.params]
+        if self._record_skip(self._any_rank_nonfinite(grads)):
+            return loss
+        if self.stage is Stage.warmup:
+            self._warmup_step(grads)
+        else:
+            self._compress(grads)
+        for group in self.param_groups:
+            group["step"] += 1
+        if self.step_count == self.freeze_step:
+            self._freeze()
+        self._copy_masters_back([p for segment in segments for p in segment.params])
+        return loss
+
+    def _any_rank_nonfinite(self, grads: list[Tensor]) -> bool:
+        flag = (~torch.isfinite(global_norm(F.grad_norms(grads)))).float().reshape(1)
+        if self.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    # -- state -----------------------------------------------------------------------------------------
+    def _segment_groups(self) -> list[list[Tensor]]:
+        """Parameter lists sharing one flat momentum buffer (and one compressor)."""
+        raise NotImplementedError
+
+    def _init_param_state(self, param: Tensor) -> None:
+        """Create the subclass's per-parameter state besides exp_avg (fresh optimizer)."""
+        raise NotImplementedError
+
+    def _warmup_step(self, grads: list[Tensor]) -> None:
+        raise NotImplementedError
+
+    def _freeze(self) -> None:
+        """End of the warmup (after step freeze_step): compression starts from clean exchange state.
+        Subclasses add their own (v_f ← v, forget κ)."""
+        for segment in self._segments or []:
+            segment.reset_exchange_state()
+        self.frozen_at = self.step_count
+
+    def _compress(self, grads: list[Tensor]) -> None:
+        if self.frozen_at is None:  # freeze_step was lowered below the step count (e.g. between phases)
+            self._freeze()
+        self._compression_step(grads)
+
+    def _compression_step(self, grads: list[Tensor]) -> None:
+        raise NotImplementedError
+
+    def _ensure_state(self) -> list[MomentumSegment]:
+        """Build the flat momentum buffers once; exp_avg becomes a view (loaded values are copied in)."""
+        if self._segments is not None:
+            return self._segments
+        self._segments = []
+        for params in self._segment_groups():
+            segment = MomentumSegment.build(params, self.world_size, self.group, self.traffic)
+            for param, view in zip(params, segment.views):
+                state = self.state[param]
+                if "exp_avg" in state:
+                    view.copy_(state["exp_avg"])
+                else:
+                    self._init_param_state(param)
+                state["exp_avg"] = view
+            self._segments.append(segment)
+        for group in self.param_groups:
+            self._check_mask(group)
+        return self._segments
+
+    @staticmethod
+    def _check_mask(group: dict[str, Any]) -> None:
+        mask = group.get("exp_avg_mask")
+        if mask is None:
+            return
+        for p in group["params"]:
+            if torch.broadcast_shapes(mask.shape, p.shape) != p.shape:
+                raise ValueError(
+                    f"exp_avg_mask of shape {tuple(mask.shape)} does not fit a {tuple(p.shape)} param"
+                )
+        group["exp_avg_mask"] = mask.to(device=group["params"][0].device, dtype=torch.float32)
+
+    def _apply_masks(self) -> None:
+        """m ← m·mask for groups with `exp_avg_mask` (zero momentum where the model never trains)."""
+        for group in self.param_groups:
+            mask = group.get("exp_avg_mask")
+            if mask is not None:
+                for p in group["params"]:
+                    self.state[p]["exp_avg"].mul_(mask)
+
+    def _group_slices(self) -> list[tuple[dict[str, Any], slice]]:
+        """Each param group with the slice of the flat parameter order (segments concatenated) it owns."""
+        slices, start = [], 0
+        for group in self.param_groups:
+            slices.append((group, slice(start, start + len(group["params"]))))
+            start += len(group["params"])
+        return slices
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def _extra_state(self) -> dict[str, Any]:
+        segments = self._segments or []
+        return {
+            **super()._extra_state(),
+            "world_size": self.world_size,
+            "freeze_step": self.freeze_step,
+            "frozen_at": self.frozen_at,
+            "momentum_pads": [segment.pad for segment in segments],
+            "compressors": [segment.compressor.state_dict() for segment in segments if segment.compressor],
+        }
+
+    def _load_extra_state(self, extra: dict[str, Any]) -> None:
+        super()._load_extra_state(extra)
+        self._segments = None
+        segments = self._ensure_state()
+        self.frozen_at = extra.get("frozen_at")
+        if self.stage is Stage.warmup:
+            self.frozen_at = None
+            self._on_load_warmup()
+            return
+        if extra.get("world_size") != self.world_size:
+            logger.warning(
+                "1-bit optimizer checkpoint saved with world size %s, resumed with %s: the error-feedback "
+                "buffers and the momentum pad start from zero",
+                extra.get("world_size"),
+                self.world_size,
+            )
+        else:
+            for segment, pad in zip(segments, extra.get("momentum_pads", [])):
+                segment.pad.copy_(pad)
+            compressors = [segment.compressor for segment in segments if segment.compressor]
+            for compressor, saved in zip(compressors, extra.get("compressors", [])):
+                compressor.load_state_dict(saved, reset_on_mismatch=True)
+
+    def _on_load_warmup(self) -> None:
+        """Loaded at step < freeze_step: drop compression-only state (errors and pad start at zero)."""
+
+    def statistics(self) -> dict[str, float]:
+        statistics = {**super().statistics(), "compression_stage": float(self.stage is Stage.compression)}
+        compressors = [s.compressor for s in self._segments or [] if s.compressor is not None]
+        if compressors:  # the error feedback carried to the next step (worker side, this rank)
+            norms = torch.stack([torch.linalg.vector_norm(c.worker_error) for c in compressors])
+            statistics["compression_error_norm"] = float(torch.linalg.vector_norm(norms))
+        return statistics

@@ -1,0 +1,171 @@
+"""1-bit LAMB (arXiv 2104.06069; DeepSpeed `OnebitLamb`, spec §3) on plain torch.distributed.
+
+Warmup (steps 1..freeze_step, gradients averaged by the trainer): exactly
+`Lamb(variant="deepspeed", bias_correction=False)` — clamped trust ratio c on every tensor — plus an
+EMA c̄ of c (coeff_beta, no bias correction, only where c ≠ 1). At step freeze_step v_f ← v.
+
+Compression (later steps, local gradients, §3.5): κ scaling (computed once, at the first compression
+step, guarded against all-zero momentum), local momentum, ONE compressed allreduce of the fused flat
+momentum of all tensors, momentum masks, frozen v, v_f from the reconstructed gradient, the factor rule
+(factor_min/max/threshold) and p ← p − η·c̄·f·(m/(√v+ε) + λp).
+
+Per-parameter state: step count lives in the param groups; `exp_avg` (view into the flat buffer),
+`exp_avg_sq`, `lamb_coeff_freeze` (c̄), `last_factor`, from step freeze_step `exp_avg_sq_fresh` (v_f), from
+the first compression step `scaling_coeff` (κ); `master_param` for bf16/fp16 parameters. Scalars are
+0-dim fp32 tensors on the parameter's device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pretrain.optim import functional as F
+from pretrain.optim.onebit import OnebitOptimizer
+
+logger = logging.getLogger(__name__)
+
+
+class OnebitLamb(OnebitOptimizer):
+    """1-bit LAMB. Hyperparameters and defaults as DeepSpeed (spec §3.1).
+
+    Args:
+        params: parameters or groups; a group may carry `exp_avg_mask`, a 0/1 tensor broadcastable to
+            each of its parameters, multiplied into the momentum after every compressed exchange.
+        lr, betas, eps, weight_decay: as in LAMB (ε outside the root, decoupled decay).
+        freeze_step: number of warmup steps (≥ 1); compression from step freeze_step + 1.
+        min_coeff, max_coeff: clamp of the warmup trust ratio.
+        coeff_beta: EMA factor of c̄; DeepSpeed advises 1/(1 − coeff_beta) ≤ freeze_step.
+        factor_min, factor_max, factor_threshold: the compression-stage factor rule (§3.5j).
+        group: data-parallel process group (None: the default group, or a world of one without
+            torch.distributed).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        freeze_step: int = 100000,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        max_coeff: float = 10.0,
+        min_coeff: float = 0.01,
+        coeff_beta: float = 0.9,
+        factor_max: float = 4.0,
+        factor_min: float = 0.5,
+        factor_threshold: float = 0.1,
+        group: Any = None,
+    ) -> None:
+        if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
+            raise ValueError("OnebitLamb needs 0 <= min_coeff <= max_coeff and 0 < factor_min <= factor_max")
+        if 1.0 / (1.0 - coeff_beta) > freeze_step:
+            logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults, freeze_step=freeze_step, group=group)
+        self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta
+        self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
+
+    def _segment_groups(self) -> list[list[Tensor]]:
+        return [[p for group in self.param_groups for p in group["params"]]]
+
+    def _init_param_state(self, param: Tensor) -> None:
+        self.state[param].update(
+            exp_avg_sq=torch.zeros_like(param, dtype=torch.float32),
+            lamb_coeff_freeze=torch.zeros((), dtype=torch.float32, device=param.device),
+            last_factor=torch.ones((), dtype=torch.float32, device=param.device),
+        )
+
+    def _states(self, params: list[Tensor], key: str) -> list[Tensor]:
+        return [self.state[p][key] for p in params]
+
+    def _hyper(self, group: dict[str, Any]) -> dict[str, Any]:
+        beta1, beta2 = group["betas"]
+        return dict(
+            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"]
+        )
+
+    def _warmup_step(self, grads: list[Tensor]) -> None:
+        for group, span in self._group_slices():
+            params = group["params"]
+            tensors = [[self._fp32_param(p) for p in params], grads[span]]
+            tensors += [self._states(params, "exp_avg"), self._states(params, "exp_avg_sq")]
+            extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
+            coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **self._hyper(group))
+            coeff_freeze = self._states(params, "lamb_coeff_freeze")
+            ema = F.freeze_coeff_ema(torch.stack(coeff_freeze), coeffs, self.coeff_beta)  # type: ignore[arg-type]
+            torch._foreach_copy_(coeff_freeze, list(ema.unbind()))
+
+    def _freeze(self) -> None:
+        """v_f ← v; κ is recomputed at the next (first compression) step; the factor rule restarts at 1."""
+        super()._freeze()
+        for p in self._segment_groups()[0]:
+            state = self.state[p]
+            state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
+            state.pop("scaling_coeff", None)
+            state["last_factor"].fill_(1.0)
+
+    def _compression_step(self, grads: list[Tensor]) -> None:
+        (segment,) = self._segments or []
+        exp_avgs = segment.views
+        prev_exp_avgs = segment.snapshot()
+        kappas = self._scaling_coefficients(segment.params)
+        for group, span in self._group_slices():
+            F.local_momentum_(exp_avgs[span], grads[span], beta1=group["betas"][0])
+        if segment.compressor is not None:
+            # With one rank the exchange is the identity and κ·(1/κ) would only add rounding: skipped.
+            torch._foreach_mul_(exp_avgs, kappas)
+            segment.compressor(segment.buffer)
+            torch._foreach_div_(exp_avgs, kappas)
+        self._apply_masks()
+        for group, span in self._group_slices():
+            self._compressed_update(group, prev_exp_avgs[span])
+
+    def _scaling_coefficients(self, params: list[Tensor]) -> list[Tensor]:
+        """κ per tensor, computed from the synchronized momentum at the first compression step."""
+        if any("scaling_coeff" not in self.state[p] for p in params):
+            kappas = F.scaling_coefficients(self._states(params, "exp_avg"))
+            for p, kappa in zip(params, kappas.unbind()):
+                self.state[p]["scaling_coeff"] = kappa.clone()
+        return self._states(params, "scaling_coeff")
+
+    def _compressed_update(self, group: dict[str, Any], prev_exp_avgs: list[Tensor]) -> None:
+        params = group["params"]
+        tensors = [[self._fp32_param(p) for p in params], self._states(params, "exp_avg"), prev_exp_avgs]
+        tensors += [self._states(params, "exp_avg_sq"), self._states(params, "exp_avg_sq_fresh")]
+        last_factors = self._states(params, "last_factor")
+        scalars = (torch.stack(self._states(params, "lamb_coeff_freeze")), torch.stack(last_factors))
+        factor_rule = dict(
+            factor_min=self.factor_min, factor_max=self.factor_max, factor_threshold=self.factor_threshold
+        )
+        factors = self._chunked(
+            F.compressed_lamb_update_, tensors, scalars, **factor_rule, **self._hyper(group)
+        )
+        torch._foreach_copy_(last_factors, list(factors.unbind()))  # type: ignore[union-attr]
+
+    def _on_load_warmup(self) -> None:
+        # c̄ is kept (it is accumulated over the whole warmup; DeepSpeed resets it, which makes a resumed
+        # warmup differ from an uninterrupted one); state that only the compression stage uses is dropped.
+        for p in self._segment_groups()[0]:
+            state = self.state[p]
+            state.pop("scaling_coeff", None)
+            state.pop("exp_avg_sq_fresh", None)
+            state["last_factor"].fill_(1.0)
+
+    def statistics(self) -> dict[str, float]:
+        """Means of c̄ and of the last factors over tensors (host sync: log steps only)."""
+        params = self._segment_groups()[0]
+        if not params or "lamb_coeff_freeze" not in self.state[params[0]]:
+            return super().statistics()
+        coeffs = torch.stack(self._states(params, "lamb_coeff_freeze"))
+        factors = torch.stack(self._states(params, "last_factor"))
+        return {
+            **super().statistics(),
+            "lamb_coeff_freeze_mean": float(coeffs.mean()),
+            "factor_mean": float(factors.mean()),
+        }

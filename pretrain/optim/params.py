@@ -1,0 +1,57 @@
+"""Parameter groups for HF BERT: which tensors get weight decay, and the 1-bit momentum mask.
+
+Rules (spec §1.5, with one deliberate difference):
+- weight decay 0 for every parameter whose name contains `bias` or `LayerNorm` (HF BERT's LayerNorm
+  weight and bias), `weight_decay` for all others;
+- the pooler is KEPT in the optimizer (DeepSpeed's BERT example drops it): HF `BertForPreTraining`
+  trains it through the NSP head, and a parameter outside the optimizer would silently freeze;
+- optional (1-bit optimizers): `position_embeddings.weight` in its own group whose `exp_avg_mask` is 1 on
+  rows < max_seq_length and 0 on the rows a run at that length never uses. Pass the same
+  `max_seq_length` argument style in every phase so the group layout (and so the checkpoint) matches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+NO_DECAY_MARKERS = ("bias", "LayerNorm")
+POSITION_EMBEDDINGS = "position_embeddings.weight"
+
+
+def param_groups(
+    model: nn.Module, weight_decay: float = 0.01, *, max_seq_length: int | None = None
+) -> list[dict[str, Any]]:
+    """Groups in a fixed order: [decayed, not decayed, (position embeddings with exp_avg_mask)].
+
+    Frozen parameters (requires_grad False) are left out; tied parameters appear once. The mask has
+    shape [num_positions, 1] and broadcasts over the embedding width.
+    """
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    positions: list[nn.Parameter] = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if max_seq_length is not None and name.endswith(POSITION_EMBEDDINGS):
+            positions.append(param)
+        elif any(marker in name for marker in NO_DECAY_MARKERS):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    groups: list[dict[str, Any]] = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if max_seq_length is not None:
+        if len(positions) != 1:
+            raise ValueError(
+                f"expected one '{POSITION_EMBEDDINGS}' parameter to mask, found {len(positions)}"
+            )
+        (table,) = positions
+        mask = torch.zeros(table.shape[0], 1, dtype=torch.float32, device=table.device)
+        mask[:max_seq_length] = 1.0
+        groups.append({"params": positions, "weight_decay": weight_decay, "exp_avg_mask": mask})
+    return [group for group in groups if group["params"]]

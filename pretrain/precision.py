@@ -1,0 +1,80 @@
+"""Dynamic loss scaling for fp16, with the overflow decision agreed across ranks.
+
+In the 1-bit compression stage gradients are not averaged, so one rank can overflow alone; the
+decision is MAX-allreduced so every rank skips the same steps (otherwise ranks desynchronize and the
+next collective hangs, spec §5.3). bf16 and fp32 use `NoScaler`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class NoScaler:
+    scale = 1.0
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def unscale_and_check(self, params: list[torch.Tensor]) -> bool:
+        return False
+
+    def update(self, skipped: bool) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class DynamicLossScaler(NoScaler):
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_interval: int = 2000,
+        backoff: float = 0.5,
+        growth: float = 2.0,
+        min_scale: float = 1.0,
+    ):
+        self.scale = init_scale
+        self.growth_interval, self.backoff, self.growth, self.min_scale = (
+            growth_interval,
+            backoff,
+            growth,
+            min_scale,
+        )
+        self.good_steps = 0
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale
+
+    def unscale_and_check(self, params: list[torch.Tensor]) -> bool:
+        """Divide gradients by the scale; True when any rank saw Inf/NaN (then skip the step)."""
+        grads = [p.grad for p in params if p.grad is not None]
+        torch._foreach_mul_(grads, 1.0 / self.scale)
+        norms = torch._foreach_norm(grads)
+        flag = (~torch.isfinite(torch.stack(norms).sum())).float().reshape(1)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def update(self, skipped: bool) -> None:
+        if skipped:
+            self.scale = max(self.min_scale, self.scale * self.backoff)
+            self.good_steps = 0
+            return
+        self.good_steps += 1
+        if self.good_steps % self.growth_interval == 0:
+            self.scale *= self.growth
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale = float(state["scale"])
+        self.good_steps = int(state["good_steps"])

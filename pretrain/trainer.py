@@ -1,0 +1,513 @@
+"""The pretraining loop: phases of optimizer steps over DDP, with exact resume.
+
+Per step (`train_step`): fetch the rank's micro-batches, forward/backward under `no_sync` except the
+last micro-batch (DDP's hook averages gradients, or not at all in the 1-bit compression stage), the
+optimizer step (the 1-bit optimizers exchange compressed momentum inside it), metrics at log steps.
+Everything with state is checkpointed under a fixed key (pretrain/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import transformers
+from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from data.shards import load_manifest
+from data.tokenizer import load_prepared_tokenizer
+from pretrain import checkpoint as ckpt
+from pretrain.comm.counter import ring_allreduce_bytes
+from pretrain.config import PhaseConfig, Precision, TrainConfig
+from pretrain.distributed import DistributedEnv, autocast_context
+from pretrain.gradient_sync import GradientSync
+from pretrain.metrics import ConsoleLogger, FanoutLogger, JsonlLogger, MetricsLogger, NullLogger, WandbLogger
+from pretrain.model import PretrainingObjective, build_model
+from pretrain.optim import build_optimizer, needs_gradient_allreduce, param_groups
+from pretrain.optim.schedule import build_scheduler
+from pretrain.phase_data import PhaseData, phase_folder
+from pretrain.precision import DynamicLossScaler, NoScaler
+
+log = logging.getLogger("pretrain")
+PREEMPTED_EXIT_CODE = 75  # checkpoint written on SIGTERM/SIGUSR1; resume with resume=auto
+
+
+@dataclass
+class TrainState:
+    phase_index: int = 0
+    step_in_phase: int = 0
+    global_step: int = 0  # optimizer steps over all phases, skipped ones included
+    samples_seen: int = 0
+    tokens_seen: int = 0  # non-padding tokens
+    bytes_sent: float = 0.0  # this rank's gradient/momentum traffic
+    bytes_lamb_equivalent: float = 0.0  # what an fp32 gradient allreduce (LAMB) would have sent
+    skipped_steps: int = 0
+
+
+class Preempted(Exception):
+    """Raised after the checkpoint on SIGTERM/SIGUSR1 has been written."""
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, env: DistributedEnv):
+        self.cfg, self.env, self.phases = cfg, env, cfg.batch.phases
+        _seed_everything(cfg.seed + env.rank)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.run_dir = Path(cfg.run_dir)
+        self.tokenizer, vocab_size = self._check_data()
+        self.model = build_model(cfg.model, vocab_size, env.device)
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        self.precision = _resolve_precision(cfg.precision, env.device)
+        self.sync = GradientSync(None, env.world_size)
+        self.ddp = DistributedDataParallel(
+            PretrainingObjective(self.model),
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            forward_sync_buffers=False,  # BERT's buffers (position ids) are constants
+        )
+        self.ddp.register_comm_hook(self.sync, GradientSync.hook)
+        self.onebit = hasattr(cfg.optim, "freeze_step")
+        self._configure_optimizer_for_phase0()
+        mask_length = self.phases[0].max_seq_length if self._masks_positions() else None
+        groups = param_groups(self.model, cfg.optim.weight_decay, max_seq_length=mask_length)
+        self.optimizer = build_optimizer(cfg.optim.name, cfg.optim, groups)
+        self.scaler = DynamicLossScaler() if self.precision is Precision.fp16 else NoScaler()
+        self.state = TrainState()
+        self.data: PhaseData | None = None
+        self.scheduler: Any = None
+        self.logger: MetricsLogger = NullLogger()
+        self._signal: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+
+    # -- set-up ----------------------------------------------------------------------------------------
+    def _check_data(self):
+        """Every phase's shards exist and share one tokenizer; -> (tokenizer, vocab size)."""
+        folders = [phase_folder(self.cfg.data_dir, p.max_seq_length) for p in self.phases]
+        manifests = [load_manifest(f) for f in folders]
+        hashes = {m["tokenizer"]["sha256"] for m in manifests}
+        if len(hashes) != 1:
+            raise ValueError(f"data_dir: the phases' shards were made with different tokenizers ({folders})")
+        for phase in self.phases:
+            phase.accumulation_steps(self.env.world_size)
+            if self.cfg.dry_run and self.cfg.dry_run_world_size:
+                phase.accumulation_steps(self.cfg.dry_run_world_size)
+        return load_prepared_tokenizer(folders[0]), int(manifests[0]["tokenizer"]["vocab_size"])
+
+    def _masks_positions(self) -> bool:
+        return self.onebit and bool(getattr(self.cfg.optim, "mask_unused_position_embeddings", False))
+
+    def _configure_optimizer_for_phase0(self) -> None:
+        freeze = self.phases[0].freeze_step
+        if freeze is not None and self.onebit:
+            self.cfg.optim.freeze_step = freeze
+        elif any(p.freeze_step is not None for p in self.phases) and not self.onebit:
+            log.warning(
+                "batch.phases[*].freeze_step is ignored by optim=%s (not a 1-bit optimizer)",
+                self.cfg.optim.name,
+            )
+
+    def _freeze_step_for(self, phase_index: int) -> int | None:
+        """The last freeze_step set by this or an earlier phase (null continues the previous stage)."""
+        values = [p.freeze_step for p in self.phases[: phase_index + 1] if p.freeze_step is not None]
+        return values[-1] if values else None
+
+    def _enter_phase(self, index: int) -> PhaseConfig:
+        phase = self.phases[index]
+        for group in self.optimizer.param_groups:
+            group["lr"] = phase.lr
+            group.pop("initial_lr", None)  # LambdaLR would otherwise keep the previous phase's peak
+        if self.onebit:
+            freeze = self._freeze_step_for(index)
+            if freeze is not None:
+                self.optimizer.freeze_step = freeze
+            if self._masks_positions():
+                mask = self.optimizer.param_groups[-1]["exp_avg_mask"]
+                mask.zero_()
+                mask[: phase.max_seq_length] = 1.0
+        self.scheduler = build_scheduler(self.optimizer, phase.schedule, phase.steps)
+        if self.data is not None:
+            self.data.close()
+        self.data = PhaseData(
+            phase_folder(self.cfg.data_dir, phase.max_seq_length),
+            global_batch=phase.global_batch,
+            micro_batch=phase.micro_batch,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            seed=self.cfg.seed + index,
+            num_workers=self.cfg.num_workers,
+            vocab_size=len(self.tokenizer),
+            pin_memory=self.env.device.type == "cuda",
+            dry_run=self.cfg.dry_run,
+        )
+        return phase
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def fit(self) -> TrainState:
+        resume_from = self._resume_path()
+        shared = self._load(resume_from) if resume_from else None
+        if self.cfg.dry_run:
+            for index in range(len(self.phases)):
+                self._enter_phase(index)
+            self._describe()
+            return self.state
+        self._install_signal_handlers()
+        self.logger = self._build_logger()
+        total_steps = sum(p.steps for p in self.phases)
+        bar = tqdm(
+            total=total_steps,
+            initial=self.state.global_step,
+            disable=not (self.env.is_main and self.cfg.show_progress),
+            desc=self.cfg.run_name,
+            unit="step",
+        )
+        try:
+            while self.state.phase_index < len(self.phases):
+                phase = self._enter_phase(self.state.phase_index)
+                if shared is not None:  # mid-phase resume: scheduler, data cursor, loss scale
+                    self._restore_phase_state(shared)
+                    shared = None
+                while self.state.step_in_phase < phase.steps:
+                    if self.cfg.max_steps is not None and self.state.global_step >= self.cfg.max_steps:
+                        self.save()
+                        return self.state
+                    metrics = self.train_step(phase)
+                    bar.update(1)
+                    if metrics:
+                        self.logger.log(self.state.global_step, metrics)
+                        bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+                    every = self.cfg.checkpoint.every_steps
+                    if self._agree_on_signal():
+                        self.save()
+                        self._hand_over_signal()
+                        raise Preempted(
+                            f"signal {self._signal}: checkpoint written at step {self.state.global_step}"
+                        )
+                    if (
+                        every
+                        and self.state.global_step % every == 0
+                        and self.state.step_in_phase < phase.steps
+                    ):
+                        self.save()
+                self.save()  # phase end
+                self.state.phase_index += 1
+                self.state.step_in_phase = 0
+            self._write_summary()
+            return self.state
+        finally:
+            bar.close()
+            self.logger.close()
+            if self.data is not None:
+                self.data.close()
+
+    def train_step(self, phase: PhaseConfig) -> dict[str, float] | None:
+        """One optimizer step of `phase.global_batch` samples; metrics on log steps, else None."""
+        accumulation = phase.accumulation_steps(self.env.world_size)
+        timer = _Timer(self.env.device)
+        assert self.data is not None
+        # fetch
+        batches = self.data.next_step(accumulation)
+        timer.lap("data")
+        # forward / backward; the last micro-batch's backward runs the gradient sync hook
+        sync = needs_gradient_allreduce(self.optimizer)
+        log_step = (self.state.global_step + 1) % self.cfg.log_every == 0
+        self.sync.start_step(enabled=sync, measure=log_step and sync and self.env.world_size > 1)
+        totals = torch.zeros(5, device=self.env.device)  # mlm, nsp, correct, masked, non-pad tokens
+        for index, batch in enumerate(batches):
+            batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
+            last = index == accumulation - 1
+            with self.ddp.no_sync() if not last else nullcontext():
+                with autocast_context(self.env.device, self.precision.value):
+                    mlm, nsp, correct, masked = self.ddp(**batch)
+                # the mean over this rank's micro-batches (spec §5.2), in every stage
+                self.scaler.scale_loss((mlm + nsp) / accumulation).backward()
+            totals += torch.stack(
+                [mlm.detach(), nsp.detach(), correct, masked, batch["attention_mask"].sum()]
+            )
+        timer.lap("forward_backward")
+        # optimizer (1-bit: compressed momentum exchange inside)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        overflow = self.scaler.unscale_and_check(params)
+        grad_norm = _global_norm(params) if log_step else None
+        traffic_before = _onebit_bytes(self.optimizer)
+        if not overflow:
+            self.optimizer.step()
+        skipped = overflow or bool(getattr(self.optimizer, "last_step_skipped", False))
+        self.scaler.update(skipped)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        timer.lap("optimizer")
+        # counters and metrics
+        self._count(phase, totals, sync, skipped, _onebit_bytes(self.optimizer) - traffic_before)
+        if not log_step:
+            return None
+        return self._metrics(phase, totals, timer, grad_norm, accumulation)
+
+    # -- metrics ---------------------------------------------------------------------------------------
+    def _count(
+        self, phase: PhaseConfig, totals: torch.Tensor, sync: bool, skipped: bool, onebit_bytes: float
+    ) -> None:
+        state = self.state
+        state.global_step += 1
+        state.step_in_phase += 1
+        state.skipped_steps += int(skipped)
+        state.samples_seen += phase.global_batch
+        # tokens: this rank's count x world size (exact per-rank counts would need a collective per step)
+        state.tokens_seen += int(totals[4].item()) * self.env.world_size
+        state.bytes_sent += self.sync.bytes_sent if sync else onebit_bytes
+        if self.env.world_size > 1:
+            state.bytes_lamb_equivalent += ring_allreduce_bytes(self.num_params, 4, self.env.world_size)
+
+    def _metrics(self, phase, totals, timer, grad_norm, accumulation) -> dict[str, float]:
+        if self.env.world_size > 1:
+            dist.all_reduce(totals)
+        mlm, nsp = (totals[:2] / (accumulation * self.env.world_size)).tolist()
+        seconds = timer.total
+        metrics: dict[str, float] = {
+            "loss": mlm + nsp,
+            "mlm_loss": mlm,
+            "nsp_loss": nsp,
+            "mlm_accuracy": float(totals[2] / totals[3].clamp(min=1)),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "phase": self.state.phase_index + 1,
+            "epoch": self.data.epoch if self.data else 0,
+            "samples_seen": self.state.samples_seen,
+            "tokens_seen": self.state.tokens_seen,
+            "skipped_steps": self.state.skipped_steps,
+            "loss_scale": self.scaler.scale,
+            "samples_per_s": phase.global_batch / seconds,
+            "tokens_per_s": float(totals[4]) / seconds,
+            "step_seconds": seconds,
+            **{f"time_{name}": value for name, value in timer.laps.items()},
+            "time_communication": self.sync.seconds,
+            "bytes_step": self.sync.bytes_sent if self.sync.enabled else 0.0,
+            "bytes_cumulative": self.state.bytes_sent,
+            "bytes_lamb_cumulative": self.state.bytes_lamb_equivalent,
+        }
+        if self.state.bytes_sent:
+            metrics["volume_reduction_vs_lamb"] = self.state.bytes_lamb_equivalent / self.state.bytes_sent
+        if grad_norm is not None:
+            metrics["grad_norm"] = grad_norm
+            noise_scale = self._gradient_noise_scale(grad_norm, phase, accumulation)
+            if noise_scale is not None:
+                metrics["gradient_noise_scale"] = noise_scale
+        if self.onebit:
+            metrics["onebit_stage"] = float(not needs_gradient_allreduce(self.optimizer))
+        statistics = getattr(self.optimizer, "statistics", None)
+        if callable(statistics):
+            metrics.update({f"optim/{k}": float(v) for k, v in statistics().items()})
+        if self.env.device.type == "cuda" and self.cfg.peak_tflops:
+            flops = 6 * self.num_params * metrics["tokens_per_s"]  # dense training FLOPs per token
+            metrics["mfu"] = flops / (self.cfg.peak_tflops * 1e12 * self.env.world_size)
+        return metrics
+
+    def _gradient_noise_scale(self, grad_norm: float, phase: PhaseConfig, accumulation: int) -> float | None:
+        """B_simple = tr(Σ)/|G|² from the per-rank (small batch) and averaged (big batch) gradient norms."""
+        if not (self.sync.measure and self.sync.enabled):
+            return None
+        local = self.sync.local_square_norm.reshape(1).float() / self.scaler.scale**2
+        dist.all_reduce(local)
+        small_sq = float(local) / self.env.world_size
+        big_sq = grad_norm**2
+        b_small, b_big = phase.micro_batch * accumulation, phase.global_batch
+        true_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+        trace = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
+        return trace / true_sq if true_sq > 0 else None
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def _resume_path(self) -> Path | None:
+        if self.cfg.resume == "none":
+            return None
+        if self.cfg.resume == "auto":
+            return ckpt.latest_checkpoint(self.run_dir / "checkpoints")
+        path = Path(self.cfg.resume)
+        if not path.is_dir():
+            raise ckpt.CheckpointError(f"resume: {path} is not a checkpoint folder")
+        return path
+
+    def save(self) -> Path:
+        shared = {
+            "train_state": asdict(self.state),
+            "lr_scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "dataloader": self.data.state_dict() if self.data else None,
+            "grad_scaler": self.scaler.state_dict(),
+            "world_size": self.env.world_size,
+        }
+        rank_state = {"optimizer": self.optimizer.state_dict(), "rng": ckpt.rng_state()}
+        return ckpt.save_checkpoint(
+            self.run_dir / "checkpoints",
+            self.state.global_step,
+            rank=self.env.rank,
+            model=self.model,
+            rank_state=rank_state,
+            shared_state=shared,
+            export_hf=self._export_hf if self.cfg.checkpoint.export_hf else None,
+            keep_last=self.cfg.checkpoint.keep_last,
+        )
+
+    def _export_hf(self, folder: Path) -> None:
+        transformers.utils.logging.disable_progress_bar()
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        (folder / "pretraining_state.json").write_text(json.dumps(asdict(self.state), indent=1))
+
+    def _load(self, path: Path) -> dict[str, Any]:
+        rank_state, shared = ckpt.load_checkpoint(path, self.env.rank, self.model)
+        try:
+            self.optimizer.load_state_dict(rank_state["optimizer"])
+        except (ValueError, KeyError) as error:
+            raise ckpt.CheckpointError(
+                f"{path}: optimizer state does not fit optim={self.cfg.optim.name} ({error})"
+            ) from None
+        self.state = TrainState(**shared["train_state"])
+        if int(shared.get("world_size", self.env.world_size)) == self.env.world_size:
+            ckpt.set_rng_state(rank_state["rng"])
+        else:
+            log.warning(
+                "resume: world size changed (%s -> %s); RNG streams restart",
+                shared["world_size"],
+                self.env.world_size,
+            )
+        self.scaler.load_state_dict(shared["grad_scaler"])
+        log.info(
+            "resumed from %s at step %d (phase %d)", path, self.state.global_step, self.state.phase_index + 1
+        )
+        return shared
+
+    def _restore_phase_state(self, shared: dict[str, Any]) -> None:
+        if shared.get("lr_scheduler") is None or self.state.step_in_phase == 0:
+            return
+        self.scheduler.load_state_dict(shared["lr_scheduler"])
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = lr
+        assert self.data is not None
+        self.data.load_state_dict(shared["dataloader"])
+
+    # -- signals, logging, summary --------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM/SIGUSR1 (and submitit's preemption signal): checkpoint after the current step."""
+        signums = [signal.SIGTERM, signal.SIGUSR1]
+        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+            signums.append(getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")))
+
+        def handler(signum, frame):
+            if self._signal is None:  # the first one decides
+                self._signal = signum
+
+        self._previous_handlers = {signum: signal.signal(signum, handler) for signum in signums}
+
+    def _hand_over_signal(self) -> None:
+        """After the checkpoint: let submitit's own handler (requeue) run, if there was one."""
+        previous = self._previous_handlers.get(self._signal) if self._signal is not None else None
+        if callable(previous):
+            previous(self._signal, None)
+
+    def _agree_on_signal(self) -> bool:
+        flag = torch.tensor([1.0 if self._signal is not None else 0.0], device=self.env.device)
+        if self.env.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _build_logger(self) -> MetricsLogger:
+        if not self.env.is_main:
+            return NullLogger()
+        loggers: list[MetricsLogger] = [JsonlLogger(self.run_dir / "metrics.jsonl"), ConsoleLogger()]
+        wandb = self.cfg.wandb
+        if wandb.mode.value != "disabled":
+            loggers.append(
+                WandbLogger(
+                    project=wandb.project,
+                    group=wandb.group or self.cfg.batch.name,
+                    name=self.cfg.run_name,
+                    tags=[*wandb.tags, self.cfg.optim.name, self.cfg.batch.name, self.cfg.model.size.value],
+                    mode=wandb.mode.value,
+                    config=OmegaConf.to_container(OmegaConf.structured(self.cfg)),
+                    directory=self.run_dir,
+                )
+            )
+        return FanoutLogger(*loggers)
+
+    def _describe(self) -> None:
+        if not self.env.is_main:
+            return
+        print(
+            f"dry run: {self.cfg.model.size.value} with {self.num_params / 1e6:.1f}M parameters, "
+            f"optim={self.cfg.optim.name}, world size {self.env.world_size}, {self.env.backend}"
+        )
+        world_sizes = [self.env.world_size]
+        if self.cfg.dry_run_world_size and self.cfg.dry_run_world_size != self.env.world_size:
+            world_sizes.append(self.cfg.dry_run_world_size)
+        for phase in self.phases:
+            folder = phase_folder(self.cfg.data_dir, phase.max_seq_length)
+            instances = load_manifest(folder)["num_instances"]
+            for world in world_sizes:
+                accumulation = phase.accumulation_steps(world)
+                print(
+                    f"  {phase.name}: seq {phase.max_seq_length}, global batch {phase.global_batch} = "
+                    f"{world} x {phase.micro_batch} x {accumulation} accumulation, {phase.steps} steps, "
+                    f"lr {phase.lr}, data {instances} instances in {folder}"
+                )
+
+    def _write_summary(self) -> None:
+        if self.env.is_main:
+            summary = {"run_name": self.cfg.run_name, **asdict(self.state)}
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+class _Timer:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.laps: dict[str, float] = {}
+        self.start = self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.laps[name] = now - self.last
+        self.last = now
+
+    @property
+    def total(self) -> float:
+        return self.last - self.start
+
+
+def _global_norm(params: list[torch.Tensor]) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
+
+
+def _onebit_bytes(optimizer: Any) -> float:
+    """Cumulative compressed-allreduce bytes of a 1-bit optimizer (0 for the others)."""
+    traffic = getattr(optimizer, "traffic", None)
+    return float(traffic.compressed_bytes) if traffic is not None else 0.0
+
+
+def _resolve_precision(precision: Precision, device: torch.device) -> Precision:
+    if precision is Precision.auto:
+        return Precision.bf16 if device.type == "cuda" else Precision.fp32
+    if device.type != "cuda" and precision is not Precision.fp32:
+        log.warning("precision=%s needs CUDA; using fp32 on %s", precision.value, device)
+        return Precision.fp32
+    return precision
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

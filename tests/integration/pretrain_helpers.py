@@ -1,0 +1,44 @@
+"""Run the pretraining trainer inside `launch.local.run_local` workers and report what tests compare."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from data.config import REPO_ROOT
+
+
+def compose_train_config(overrides: list[str]):
+    from pretrain.config import to_object
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return to_object(compose(config_name="pretrain", overrides=overrides))
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def train_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
+    """fn for run_local: train with `overrides`; -> digest of the parameters and the final state."""
+    from dataclasses import asdict
+
+    from pretrain.distributed import init_distributed
+    from pretrain.trainer import Trainer
+
+    cfg = compose_train_config(overrides)
+    trainer = Trainer(cfg, init_distributed())
+    state = trainer.fit()
+    return {"digest": parameter_digest(trainer.model), "state": asdict(state)}
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

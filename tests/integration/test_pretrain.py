@@ -1,0 +1,132 @@
+"""The pretraining trainer on 2 gloo processes with a tiny BERT: learning, replicas, bytes, resume."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.config import REPO_ROOT
+from data.tokenizer import load_prepared_tokenizer
+from launch.local import run_local
+from pretrain.comm import padded_numel
+from pretrain.comm.counter import compressed_call_traffic, ring_allreduce_bytes
+from pretrain.model import build_model
+from tests.integration.pretrain_helpers import compose_train_config, read_metrics, train_worker
+
+pytestmark = [pytest.mark.integration, pytest.mark.distributed]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "tiny"
+    subprocess.run(
+        # a small trained vocab keeps the tiny model's embedding and decoder (most of its compute) small
+        [
+            sys.executable,
+            "-m",
+            "data.prepare",
+            "data=tiny",
+            f"data.shards.output_dir={out}",
+            "show_progress=false",
+            "data.tokenizer.vocab_file=null",
+            "data.tokenizer.vocab_size=2000",
+        ],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def overrides(data: Path, run_dir: Path, optim: str, *extra: str) -> list[str]:
+    return [
+        "batch=demo",
+        f"optim={optim}",
+        "model=bert_tiny",
+        f"data_dir={data}",
+        f"run_dir={run_dir}",
+        "wandb.mode=disabled",
+        "num_workers=0",
+        "log_every=1",
+        "show_progress=false",
+        "checkpoint.export_hf=false",
+        "batch.phases.0.lr=5e-3",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("optim", ["lamb", "onebit_lamb", "onebit_adam"])
+def test_two_ranks_learn_with_identical_replicas(tiny_data: Path, tmp_path: Path, optim: str):
+    run_dir = tmp_path / optim
+    # Adam without bias correction needs an Adam-sized LR, not the recipe's LAMB one (DeepSpeed: 4e-4)
+    lr = ["batch.phases.0.lr=1e-3"] if optim == "onebit_adam" else []
+    results = run_local(train_worker, 2, (overrides(tiny_data, run_dir, optim, "max_steps=24", *lr),))
+    assert results[0]["digest"] == results[1]["digest"], "replicas diverged"
+    metrics = read_metrics(run_dir)
+    assert len(metrics) == 24
+    first, last = sum(m["mlm_loss"] for m in metrics[:4]) / 4, sum(m["mlm_loss"] for m in metrics[-4:]) / 4
+    assert last < first - 0.3, f"MLM loss did not fall: {first:.3f} -> {last:.3f}"
+    cfg = compose_train_config(overrides(tiny_data, run_dir, optim))
+    lamb_step = metrics[0]["bytes_lamb_cumulative"]
+    vocab_size = len(load_prepared_tokenizer(tiny_data / "seq128"))
+    num_params = sum(p.numel() for p in build_model(cfg.model, vocab_size, torch.device("cpu")).parameters())
+    assert lamb_step == pytest.approx(ring_allreduce_bytes(num_params, 4, 2))
+    assert metrics[-1]["bytes_lamb_cumulative"] == pytest.approx(24 * lamb_step)
+    if optim == "lamb":
+        assert metrics[-1]["bytes_cumulative"] == pytest.approx(
+            metrics[-1]["bytes_lamb_cumulative"], rel=1e-3
+        )
+        return
+    freeze = cfg.batch.phases[0].freeze_step
+    stages = [m["onebit_stage"] for m in metrics]
+    assert stages == [0.0] * (freeze - 1) + [1.0] * (24 - freeze + 1) or stages == [0.0] * freeze + [1.0] * (
+        24 - freeze
+    )
+    # compression-stage steps send the 1-bit momentum: ~1/32 of an fp32 gradient allreduce
+    per_step = [
+        b - a
+        for a, b in zip(
+            [m["bytes_cumulative"] for m in metrics[:-1]], [m["bytes_cumulative"] for m in metrics[1:]]
+        )
+    ]
+    compressed = per_step[-1]
+    assert 0 < compressed < lamb_step / 20
+    if optim == "onebit_lamb":
+        expected = compressed_call_traffic(padded_numel(num_params, 2), 2).compressed_bytes
+        assert compressed == pytest.approx(expected, rel=1e-3)
+
+
+def test_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path):
+    """Stop at step 16 (in the compression stage), resume in fresh processes: same parameters and
+    losses as an uninterrupted run to step 22."""
+    extra = ["max_steps=22", "deterministic=true"]
+    straight = run_local(
+        train_worker, 2, (overrides(tiny_data, tmp_path / "straight", "onebit_lamb", *extra),)
+    )
+    stopped = tmp_path / "stopped"
+    run_local(
+        train_worker, 2, (overrides(tiny_data, stopped, "onebit_lamb", "max_steps=16", "deterministic=true"),)
+    )
+    resumed = run_local(train_worker, 2, (overrides(tiny_data, stopped, "onebit_lamb", *extra),))
+    assert resumed[0]["digest"] == straight[0]["digest"] == resumed[1]["digest"]
+    losses = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "straight")}
+    resumed_losses = {m["step"]: m["loss"] for m in read_metrics(stopped)}
+    assert all(resumed_losses[step] == losses[step] for step in range(17, 23))
+
+
+def test_phase_transition(tiny_data: Path, tmp_path: Path):
+    """The whole demo recipe: phase 2 (seq 512) continues phase 1's optimizer in the compression stage."""
+    run_dir = tmp_path / "phases"
+    results = run_local(train_worker, 2, (overrides(tiny_data, run_dir, "onebit_lamb"),))
+    assert results[0]["digest"] == results[1]["digest"]
+    metrics = read_metrics(run_dir)
+    phases = [m["phase"] for m in metrics]
+    assert phases == [1] * 40 + [2] * 10
+    assert all(m["onebit_stage"] == 1.0 for m in metrics[40:])
+    assert metrics[40]["lr"] < metrics[39]["lr"] or metrics[41]["lr"] > 0  # a fresh phase-2 schedule
+    assert (run_dir / "summary.json").is_file()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == "step-00000050"

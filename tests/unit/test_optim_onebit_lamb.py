@@ -1,0 +1,386 @@
+"""1-bit LAMB on one process: spec §8.9–8.13 and §8.15 (our semantics), κ guard, overflow, masks, bf16."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from pretrain.optim import Lamb, OnebitLamb, Stage
+from pretrain.optim import functional as F
+
+FACTOR_RULE = dict(factor_min=0.5, factor_max=4.0, factor_threshold=0.1)
+
+
+# -- spec §8.9: one compression step, n = 1 ------
+def test_one_compression_step_matches_the_spec_numbers():
+    p = [torch.tensor([1.0, -2.0, 3.0, -4.0])]
+    m = [torch.tensor([0.1, -0.1, 0.2, -0.2])]
+    prev = [m[0].clone()]
+    v, v_fresh = [torch.tensor([0.01, 0.01, 0.04, 0.04])], [torch.tensor([0.01, 0.01, 0.04, 0.04])]
+    F.local_momentum_(m, [torch.tensor([0.5, -0.5, 0.5, -0.5])], beta1=0.9)
+    torch.testing.assert_close(m[0], torch.tensor([0.14, -0.14, 0.23, -0.23]))
+    factors = F.compressed_lamb_update_(
+        p, m, prev, v, v_fresh, torch.tensor([0.25]), torch.tensor([1.0]), lr=0.01, beta1=0.9, beta2=0.999,
+        eps=1e-8, weight_decay=0.01, **FACTOR_RULE,
+    )  # fmt: skip
+    torch.testing.assert_close(
+        v_fresh[0], torch.tensor([0.01024, 0.01024, 0.04021, 0.04021]), atol=1e-7, rtol=0
+    )
+    assert factors.item() == pytest.approx(0.997433, abs=1e-5)  # raw 0.997385, q 0.981631
+    assert (0.25 * factors).item() == pytest.approx(0.249358, abs=1e-5)
+    torch.testing.assert_close(
+        p[0], torch.tensor([0.996484, -1.996459, 2.997058, -3.997033]), atol=2e-6, rtol=0
+    )
+
+
+# -- spec §8.10: κ ------
+def test_scaling_coefficients_equalize_rms():
+    kappa = F.scaling_coefficients([torch.full((16,), 1e-3), torch.full((4, 4), -4e-3)])
+    torch.testing.assert_close(kappa, torch.tensor([2.5, 0.625]))
+
+
+def test_scaling_coefficients_guard_all_zero_momentum():
+    kappa = F.scaling_coefficients([torch.full((16,), 1e-3), torch.zeros(5), torch.full((3,), 4e-3)])
+    torch.testing.assert_close(kappa, torch.tensor([2.5, 1.0, 0.625]))
+    assert F.scaling_coefficients([torch.zeros(3), torch.zeros(2)]).tolist() == [1.0, 1.0]
+
+
+# -- spec §8.11: factor ramp ------
+@pytest.mark.parametrize(
+    ("raw", "expected", "limit", "limit_step"),
+    [
+        (5.0, [1.1, 1.21, 1.331, 1.4641, 1.61051], 4.0, 15),
+        (0.1, [0.9, 0.81, 0.729, 0.6561, 0.59049, 0.531441], 0.5, 7),
+    ],
+)
+def test_factor_ramps_by_the_threshold_until_the_bounds(raw, expected, limit, limit_step):
+    last, sequence = torch.tensor([1.0]), []
+    for _ in range(limit_step):
+        last = F.factor_rule(torch.tensor([raw]), last, **FACTOR_RULE)
+        sequence.append(last.item())
+    assert sequence[: len(expected)] == pytest.approx(expected, rel=1e-5)
+    if raw > 1:
+        assert sequence[13] == pytest.approx(3.797498, rel=1e-5)
+    assert sequence[limit_step - 2] != pytest.approx(limit) and sequence[limit_step - 1] == limit
+
+
+# -- spec §8.12: c̄ EMA ------
+def test_coefficient_ema_of_a_constant_clamped_ratio():
+    coeff = torch.zeros(1)
+    for _ in range(10):
+        coeff = F.freeze_coeff_ema(coeff, torch.tensor([0.3]), 0.9)
+    assert coeff.item() == pytest.approx(0.195396, abs=1e-6)
+    assert F.freeze_coeff_ema(coeff, torch.tensor([1.0]), 0.9).item() == coeff.item()  # c = 1 ignored
+
+
+def test_warmup_accumulates_the_coefficient_ema():
+    p = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = OnebitLamb([p], lr=0.01, freeze_step=100, weight_decay=0.01, max_coeff=0.3)
+    for _ in range(10):  # ratio ≈ 1.1 every step, clamped to 0.3
+        p.grad = torch.ones(2)
+        opt.step()
+    assert opt.state[p]["lamb_coeff_freeze"].item() == pytest.approx(0.3 * (1 - 0.9**10), abs=1e-6)
+
+
+# -- helpers for whole-optimizer tests ------
+def _model(dtype=torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(10, 6), torch.nn.Linear(6, 12), torch.nn.LayerNorm(12), torch.nn.Linear(12, 3)
+    )
+    return model.to(dtype)
+
+
+def _groups(model: torch.nn.Module, mask_rows: int | None = None) -> list[dict]:
+    embedding, *rest = model.parameters()
+    decay = [p for p in rest if p.dim() > 1]
+    no_decay = [p for p in rest if p.dim() == 1]
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    embedding_group = {"params": [embedding], "weight_decay": 0.01}
+    if mask_rows is not None:
+        embedding_group["exp_avg_mask"] = (torch.arange(10) < mask_rows).float().unsqueeze(1)
+    return [*groups, embedding_group]
+
+
+def _set_grads(model: torch.nn.Module, step: int) -> None:
+    generator = torch.Generator().manual_seed(1000 + step)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=generator).to(torch.bfloat16).to(p.dtype)
+
+
+def _run(model, opt, steps) -> None:
+    for step in steps:
+        _set_grads(model, step)
+        opt.step()
+
+
+def _params(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _state_snapshot(opt) -> dict:
+    return copy.deepcopy(
+        {i: dict(opt.state[p]) for i, p in enumerate(q for g in opt.param_groups for q in g["params"])}
+    )
+
+
+# -- warmup == LAMB (DeepSpeed variant, no bias correction), bitwise ------
+def test_warmup_is_exactly_deepspeed_lamb_without_bias_correction():
+    onebit_model, lamb_model = _model(), _model()
+    onebit = OnebitLamb(_groups(onebit_model), lr=0.01, freeze_step=6, max_coeff=0.3)
+    lamb = Lamb(_groups(lamb_model), lr=0.01, variant="deepspeed", bias_correction=False, max_coeff=0.3)
+    for step in range(6):
+        _run(onebit_model, onebit, [step])
+        _run(lamb_model, lamb, [step])
+        assert _same(_params(onebit_model), _params(lamb_model)), f"differs after warmup step {step + 1}"
+
+
+# -- spec §8.13 with our semantics (no first-step no-op) ------
+def _reference_onebit_lamb_n1(model, steps: int, freeze_step: int, lr: float = 0.01) -> list[torch.Tensor]:
+    """Spec §3.4/§3.5 with n = 1 written out per tensor: warmup LAMB with clamp and c̄ EMA, then LAMB with
+    frozen v, v_f from the true gradient and coefficient c̄·f."""
+    groups = _groups(model)
+    state = {}
+    for t in range(1, steps + 1):
+        _set_grads(model, t - 1)
+        for group in groups:
+            decay = group["weight_decay"]
+            for p in group["params"]:
+                s = state.setdefault(
+                    p, {"m": torch.zeros_like(p), "v": torch.zeros_like(p), "c": 0.0, "f": 1.0}
+                )
+                g = p.grad
+                s["m"] = 0.9 * s["m"] + 0.1 * g
+                if t <= freeze_step:
+                    s["v"] = 0.999 * s["v"] + 0.001 * g * g
+                    u = s["m"] / (s["v"].sqrt() + 1e-8) + decay * p.detach()
+                    ratio = (p.norm() / u.norm()).item()
+                    c = min(max(ratio, 0.01), 0.3) if p.norm() > 0 and u.norm() > 0 else 1.0
+                    if c != 1.0:
+                        s["c"] = 0.9 * s["c"] + 0.1 * c
+                    if t == freeze_step:
+                        s["vf"] = s["v"].clone()
+                    coeff = c
+                else:
+                    s["vf"] = 0.999 * s["vf"] + 0.001 * g * g
+                    denom = s["v"].sqrt() + 1e-8
+                    u0 = s["m"] / denom
+                    u = u0 + decay * p.detach()
+                    raw = (denom / (s["vf"].sqrt() + 1e-8)).max().item()
+                    if decay > 0:
+                        q = min(1.0, (u0.norm() / u.norm()).item())
+                        raw = q * raw + 1 - q
+                    f = min(max(min(max(raw, 0.5), 4.0), s["f"] * 0.9), s["f"] * 1.1)
+                    s["f"] = f
+                    coeff = s["c"] * f
+                with torch.no_grad():
+                    p -= lr * coeff * u
+    return _params(model)
+
+
+def test_freeze_boundary_and_single_process_compression_trajectory():
+    freeze_step, model = 4, _model()
+    initial = _params(model)
+    opt = OnebitLamb(_groups(model), lr=0.01, freeze_step=freeze_step, max_coeff=0.3)
+    params = list(model.parameters())
+    assert opt.needs_gradient_allreduce and opt.stage is Stage.warmup
+    _run(model, opt, [0])
+    assert not _same(initial, _params(model)), "the first step of a fresh optimizer must update"
+    _run(model, opt, range(1, freeze_step))
+    assert opt.step_count == freeze_step
+    for p in params:
+        assert torch.equal(opt.state[p]["exp_avg_sq_fresh"], opt.state[p]["exp_avg_sq"])
+        assert "scaling_coeff" not in opt.state[p]
+    assert not opt.needs_gradient_allreduce and opt.stage is Stage.compression
+    frozen = [opt.state[p]["exp_avg_sq"].clone() for p in params]
+    _run(model, opt, [freeze_step])
+    assert all("scaling_coeff" in opt.state[p] for p in params)
+    _run(model, opt, range(freeze_step + 1, freeze_step + 6))
+    assert _same(frozen, [opt.state[p]["exp_avg_sq"] for p in params]), "v must stay frozen"
+    expected = _reference_onebit_lamb_n1(_model(), freeze_step + 6, freeze_step)
+    for actual, reference in zip(model.parameters(), expected):
+        torch.testing.assert_close(actual.detach(), reference, rtol=1e-5, atol=1e-6)
+
+
+def test_first_compression_step_factor_stays_within_the_threshold():
+    model = _model()
+    opt = OnebitLamb(_groups(model), freeze_step=1)
+    _run(model, opt, [0])
+    for p in model.parameters():  # a wildly different gradient at the first compression step
+        p.grad = 100.0 * torch.randn_like(p)
+    opt.step()
+    factors = torch.stack([opt.state[p]["last_factor"] for p in model.parameters()])
+    assert bool(((factors >= 0.9 - 1e-6) & (factors <= 1.1 + 1e-6)).all())
+
+
+# -- κ guard within the optimizer: an all-zero-momentum tensor ------
+def test_zero_momentum_tensor_gets_unit_kappa_and_no_nan():
+    model = _model()
+    frozen_layer = list(model.parameters())[1]  # never receives a gradient
+    opt = OnebitLamb(_groups(model), freeze_step=2)
+    for step in range(5):
+        _set_grads(model, step)
+        frozen_layer.grad = None
+        opt.step()
+    assert opt.state[frozen_layer]["scaling_coeff"].item() == 1.0
+    for p in model.parameters():
+        assert torch.isfinite(p).all()
+        for value in opt.state[p].values():
+            assert torch.isfinite(value).all()
+
+
+# -- overflow ------
+@pytest.mark.parametrize("steps_before", [1, 4])  # warmup, compression (freeze_step = 2)
+def test_overflow_skips_and_leaves_all_state_unchanged(steps_before):
+    model = _model()
+    opt = OnebitLamb(_groups(model), freeze_step=2)
+    _run(model, opt, range(steps_before))
+    params, state = _params(model), _state_snapshot(opt)
+    _set_grads(model, 99)
+    list(model.parameters())[2].grad[3] = float("nan")
+    opt.step()
+    assert opt.last_step_skipped and opt.num_skipped_steps == 1 and opt.step_count == steps_before
+    assert _same(params, _params(model))
+    after = _state_snapshot(opt)
+    assert all(_same(list(state[i].values()), list(after[i].values())) for i in state)
+    _run(model, opt, [99])
+    assert not opt.last_step_skipped and opt.step_count == steps_before + 1
+
+
+# -- masks ------
+def test_mask_keeps_masked_momentum_at_zero_in_the_compression_stage():
+    model = _model()
+    opt = OnebitLamb(_groups(model, mask_rows=7), freeze_step=2)
+    embedding = next(iter(model.parameters()))
+    _run(model, opt, range(2))
+    for step in range(2, 6):  # the masked rows receive gradients too
+        _run(model, opt, [step])
+        momentum = opt.state[embedding]["exp_avg"]
+        assert momentum[7:].abs().max() == 0 and momentum[:7].abs().max() > 0
+
+
+# -- bf16 parameters, fp32 masters ------
+def test_bf16_params_follow_the_fp32_run_through_both_stages():
+    low, full = _model(torch.bfloat16), _model()
+    with torch.no_grad():
+        for a, b in zip(full.parameters(), low.parameters()):
+            a.copy_(b.float())
+    opt_low, opt_full = OnebitLamb(_groups(low), freeze_step=3), OnebitLamb(_groups(full), freeze_step=3)
+    _run(low, opt_low, range(6))
+    _run(full, opt_full, range(6))
+    for p_low, p_full in zip(low.parameters(), full.parameters()):
+        master = opt_low.state[p_low]["master_param"]
+        assert master.dtype == torch.float32 and torch.equal(master, p_full.detach())
+        assert torch.equal(p_low.detach(), master.to(torch.bfloat16))
+
+
+# -- spec §8.15 adapted: checkpoint round trip ------
+def _resume(model_state, opt_state, groups_fn, **kwargs):
+    model = _model()
+    model.load_state_dict(model_state)
+    opt = OnebitLamb(groups_fn(model), **kwargs)
+    opt.load_state_dict(copy.deepcopy(opt_state))
+    return model, opt
+
+
+@pytest.mark.parametrize("save_after", [2, 5])  # warmup (freeze_step 3), compression
+def test_resume_continues_bitwise(save_after):
+    model = _model()
+    opt = OnebitLamb(_groups(model, mask_rows=7), freeze_step=3)
+    _run(model, opt, range(save_after))
+    twin, resumed = _resume(
+        model.state_dict(), opt.state_dict(), lambda m: _groups(m, mask_rows=7), freeze_step=3
+    )
+    assert resumed.stage is opt.stage and resumed.needs_gradient_allreduce == opt.needs_gradient_allreduce
+    _run(model, opt, range(save_after, 8))
+    _run(twin, resumed, range(save_after, 8))
+    assert _same(_params(model), _params(twin))
+
+
+def test_checkpoint_contents_and_stage_rules():
+    model = _model()
+    opt = OnebitLamb(_groups(model, mask_rows=7), freeze_step=3)
+    _run(model, opt, range(4))
+    saved = opt.state_dict()
+    assert all("exp_avg_mask" not in g for g in saved["param_groups"])
+    assert saved["extra"]["world_size"] == 1 and saved["extra"]["compressors"] == []
+    first = saved["state"][0]
+    assert {
+        "exp_avg",
+        "exp_avg_sq",
+        "exp_avg_sq_fresh",
+        "lamb_coeff_freeze",
+        "last_factor",
+        "scaling_coeff",
+    } <= set(first)
+    # compression stage: c̄, last_factor and κ are kept; the current run's mask wins
+    _, resumed = _resume(model.state_dict(), saved, lambda m: _groups(m, mask_rows=5), freeze_step=3)
+    assert resumed.param_groups[2]["exp_avg_mask"][:, 0].tolist() == [1.0] * 5 + [0.0] * 5
+    p0 = next(p for p in resumed.param_groups[0]["params"])
+    for key in ("lamb_coeff_freeze", "last_factor", "scaling_coeff"):
+        assert torch.equal(resumed.state[p0][key], first[key])
+    # loading into the warmup stage (larger freeze_step): gradient allreduce back on, compression-only
+    # state dropped, c̄ kept (a resumed warmup must equal an uninterrupted one)
+    _, warm = _resume(model.state_dict(), saved, _groups, freeze_step=10)
+    assert warm.needs_gradient_allreduce and warm.stage is Stage.warmup
+    p0 = next(p for p in warm.param_groups[0]["params"])
+    assert "scaling_coeff" not in warm.state[p0] and "exp_avg_sq_fresh" not in warm.state[p0]
+    assert warm.state[p0]["last_factor"].item() == 1.0
+    assert torch.equal(warm.state[p0]["lamb_coeff_freeze"], first["lamb_coeff_freeze"])
+
+
+def test_other_world_size_resets_errors_with_a_warning(caplog):
+    model = _model()
+    opt = OnebitLamb(_groups(model), freeze_step=1)
+    _run(model, opt, range(3))
+    saved = opt.state_dict()
+    saved["extra"]["world_size"] = 2
+    with caplog.at_level(logging.WARNING):
+        _, resumed = _resume(model.state_dict(), saved, _groups, freeze_step=1)
+    assert "world size 2" in caplog.text
+    assert resumed.stage is Stage.compression
+
+
+# -- freeze_step changed between phases (the trainer sets `optimizer.freeze_step`) ------
+def test_lowered_freeze_step_freezes_at_the_next_step():
+    model = _model()
+    opt = OnebitLamb(_groups(model), freeze_step=100)
+    _run(model, opt, range(3))
+    variance = {p: opt.state[p]["exp_avg_sq"].clone() for p in model.parameters()}
+    opt.freeze_step = 2  # already past it: the next step compresses, freezing v as it is now
+    assert not opt.needs_gradient_allreduce and opt.frozen_at is None
+    _run(model, opt, [3])
+    assert opt.frozen_at == 3
+    for p in model.parameters():
+        assert torch.equal(opt.state[p]["exp_avg_sq"], variance[p]) and "scaling_coeff" in opt.state[p]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_raised_freeze_step_returns_to_warmup_and_freezes_again():
+    model = _model()
+    opt = OnebitLamb(_groups(model), freeze_step=2)
+    _run(model, opt, range(4))
+    opt.freeze_step = 6
+    assert opt.needs_gradient_allreduce
+    _run(model, opt, range(4, 6))  # warmup again: v moves, then is frozen anew after step 6
+    for p in model.parameters():
+        assert torch.equal(opt.state[p]["exp_avg_sq_fresh"], opt.state[p]["exp_avg_sq"])
+        assert "scaling_coeff" not in opt.state[p] and opt.state[p]["last_factor"].item() == 1.0
+    assert opt.frozen_at == 6 and not opt.needs_gradient_allreduce
+
+
+def test_traffic_and_statistics_with_one_rank():
+    model = _model()
+    opt = OnebitLamb(_groups(model), freeze_step=1)
+    _run(model, opt, range(3))
+    assert opt.traffic.num_calls == 0 and opt.traffic.compressed_bytes == 0  # nothing sent with one rank
+    stats = opt.statistics()
+    assert stats["compression_stage"] == 1.0 and stats["skipped_steps"] == 0.0
+    assert 0.0 < stats["lamb_coeff_freeze_mean"] <= 10.0 and 0.5 <= stats["factor_mean"] <= 4.0

@@ -1,0 +1,135 @@
+"""Registry, typed configs and their YAMLs, BERT parameter groups."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from data.config import REPO_ROOT
+from pretrain.optim import (
+    OPTIMIZERS,
+    Lamb,
+    LambConfig,
+    OnebitAdamConfig,
+    OnebitLamb,
+    OnebitLambConfig,
+    build_optimizer,
+    needs_gradient_allreduce,
+    param_groups,
+)
+
+OPTIM_DIR = REPO_ROOT / "conf" / "optim"
+
+
+def test_every_registry_entry_has_a_yaml_and_back():
+    assert sorted(p.stem for p in OPTIM_DIR.glob("*.yaml")) == sorted(OPTIMIZERS)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_yaml_keys_match_the_dataclass_and_merge(name):
+    _, config_class = OPTIMIZERS[name]
+    raw = OmegaConf.load(OPTIM_DIR / f"{name}.yaml")
+    assert list(raw.pop("defaults")) == [f"{name}_schema", "_self_"]
+    assert set(raw.keys()) == {f.name for f in dataclasses.fields(config_class)}, "YAML and dataclass drifted"
+    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(config_class), raw))
+    assert isinstance(config, config_class) and config.name == name
+    assert config == config_class(), "YAML values differ from the dataclass defaults"
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_yaml_composes_through_hydra(name):
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(overrides=[f"+optim={name}"])
+    assert isinstance(OmegaConf.to_object(cfg.optim), OPTIMIZERS[name][1])
+
+
+def test_misspelt_key_fails_at_composition():
+    with (
+        initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"),
+        pytest.raises(Exception) as info,
+    ):
+        compose(overrides=["+optim=onebit_lamb", "optim.freez_step=10"])
+    assert "freez_step" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: OnebitLambConfig(freeze_step=0), "optim.freeze_step must be >= 1"),
+        (lambda: LambConfig(lr=0.0), "optim.lr must be > 0"),
+        (lambda: LambConfig(min_coeff=1.0, max_coeff=0.5), "optim.min_coeff"),
+        (lambda: OnebitLambConfig(coeff_beta=1.0), "optim.coeff_beta"),
+        (lambda: OnebitAdamConfig(beta2=1.0), "optim.beta2"),
+        (lambda: OnebitAdamConfig(name="onebit_lamb"), "optim.name"),
+    ],
+)
+def test_config_checks_name_the_key(factory, message):
+    with pytest.raises(ValueError, match=message):
+        factory()
+
+
+def test_structured_merge_rejects_a_string_for_an_enum():
+    with pytest.raises(Exception, match="variant"):
+        OmegaConf.merge(OmegaConf.structured(LambConfig), {"variant": "paper"})
+
+
+def _tiny_bert():
+    from transformers import BertConfig, BertForPreTraining
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=16,
+    )  # fmt: skip
+    return BertForPreTraining(config)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return _tiny_bert()
+
+
+def test_bert_param_groups(bert):
+    groups = param_groups(bert, 0.01, max_seq_length=10)
+    names = {id(p): n for n, p in bert.named_parameters()}
+    decay, no_decay, positions = ([names[id(p)] for p in g["params"]] for g in groups)
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0, 0.01]
+    assert all("bias" in n or "LayerNorm" in n for n in no_decay)
+    assert not any("bias" in n or "LayerNorm" in n for n in decay)
+    assert "bert.pooler.dense.weight" in decay and "bert.pooler.dense.bias" in no_decay  # pooler kept
+    assert positions == ["bert.embeddings.position_embeddings.weight"]
+    assert groups[2]["exp_avg_mask"][:, 0].tolist() == [1.0] * 10 + [0.0] * 6
+    everything = [id(p) for g in groups for p in g["params"]]
+    assert sorted(everything) == sorted(names) and len(set(everything)) == len(everything)
+    assert len(param_groups(bert, 0.01)) == 2
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_build_and_step_every_optimizer(name, bert, caplog):
+    _, config_class = OPTIMIZERS[name]
+    config = config_class(freeze_step=1) if "onebit" in name else config_class()
+    optimizer = build_optimizer(name, config, param_groups(bert, config.weight_decay, max_seq_length=10))
+    if "onebit" in name:
+        assert isinstance(optimizer.param_groups[2]["exp_avg_mask"], torch.Tensor)
+    else:
+        assert "exp_avg_mask ignored" in caplog.text
+    if name == "adamw":
+        assert optimizer.param_groups[0]["fused"] is True
+    assert needs_gradient_allreduce(optimizer)
+    for p in bert.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    optimizer.step()
+    assert needs_gradient_allreduce(optimizer) is ("onebit" not in name)
+
+
+def test_build_optimizer_rejects_unknown_names_and_wrong_configs(bert):
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        build_optimizer("sgd", LambConfig(), param_groups(bert))
+    with pytest.raises(ValueError, match="LambConfig"):
+        build_optimizer("lamb", OnebitLambConfig(), param_groups(bert))
+    assert isinstance(build_optimizer("lamb", LambConfig(), param_groups(bert)), Lamb)
+    assert isinstance(build_optimizer("onebit_lamb", OnebitLambConfig(), param_groups(bert)), OnebitLamb)
