@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,22 +22,7 @@ import torch
 
 from bench.records import Record, write_records
 from data.config import REPO_ROOT
-
-
-def _prepare(out: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data.prepare",
-            "data=tiny",
-            f"data.shards.output_dir={out}",
-            "show_progress=false",
-        ],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-    )
+from data.prepare import prepare_in_subprocess
 
 
 def _measure(
@@ -119,7 +103,7 @@ def main(argv: list[str]) -> None:
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "tiny"
-        _prepare(data)
+        prepare_in_subprocess(data, "data=tiny")
         records.append(
             _measure("bert_tiny", data, Path(tmp) / "tiny_run", 16, 3 if quick else 5, 5 if quick else 10)
         )

@@ -206,9 +206,9 @@ def prepare(cfg: PrepareConfig) -> dict[int, Path]:
         tokenizer_section = tokenizer_info(tokenizer, _save_tokenizer(tokenizer, folder))
     hash_ = config_hash(data, tokenizer_section["sha256"])
     for folder in folders.values():  # a manifest of another config must not outlive its shards
-        manifest = folder / "manifest.json"
-        if manifest.is_file() and json.loads(manifest.read_text() or "{}").get("config_hash") != hash_:
-            manifest.unlink()
+        stale = folder / "manifest.json"
+        if stale.is_file() and json.loads(stale.read_text() or "{}").get("config_hash") != hash_:
+            stale.unlink()
 
     context = pipeline.WorkerContext(
         tokenizer_file=str(next(iter(folders.values())) / "tokenizer.json"),
@@ -264,6 +264,23 @@ def prepare(cfg: PrepareConfig) -> dict[int, Path]:
         out_root,
     )
     return folders
+
+
+def prepare_in_subprocess(output_dir: str | Path, *overrides: str) -> Path:
+    """Run `python -m data.prepare` with `overrides` into `output_dir` (tests and benchmarks)."""
+    import subprocess
+
+    command = [
+        sys.executable,
+        "-m",
+        "data.prepare",
+        f"data.shards.output_dir={output_dir}",
+        "show_progress=false",
+    ]
+    subprocess.run(
+        [*command, *overrides], cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True
+    )
+    return Path(output_dir)
 
 
 @hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")

@@ -6,14 +6,14 @@ The saved folder loads with `transformers.AutoTokenizer.from_pretrained(folder)`
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from transformers import BertTokenizerFast, PreTrainedTokenizerBase
+from transformers import BertTokenizerFast, PreTrainedTokenizerBase  # type: ignore[attr-defined]
 
 from data.config import TokenizerConfig
 from data.documents import DataError
+from data.shards import file_sha256
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -69,14 +69,6 @@ def build_tokenizer(cfg: TokenizerConfig, texts: Iterable[str] | None = None) ->
     if texts is None:
         raise ValueError("data.tokenizer.vocab_file is null, so a corpus is needed to train the vocab")
     return make_tokenizer(train_vocab(texts, cfg), cfg.lowercase)
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tokenizer_info(tokenizer: PreTrainedTokenizerBase, tokenizer_file: Path) -> dict:

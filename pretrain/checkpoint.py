@@ -50,9 +50,9 @@ def rng_state() -> dict[str, Any]:
 
 def _numpy_state() -> dict[str, Any]:
     # as tensors and numbers, so weights_only loading accepts it
-    _, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    _, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)  # type: ignore[misc]
     return {
-        "key": torch.from_numpy(key.astype(np.int64)),
+        "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
         "pos": int(pos),
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(cached_gaussian),

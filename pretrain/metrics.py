@@ -112,7 +112,7 @@ class WandbLogger:
             group=group,
             name=name,
             tags=tags,
-            mode=wandb_mode(mode),
+            mode=wandb_mode(mode),  # type: ignore[arg-type]
             config=scrub_secrets(dict(config)),
             dir=str(directory),
             job_type=job_type,

@@ -53,13 +53,13 @@ def bert_config(cfg: ModelConfig, vocab_size: int) -> BertConfig:
         hidden_dropout_prob=cfg.hidden_dropout_prob,
         attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
         initializer_range=cfg.initializer_range,
-        attn_implementation=cfg.attn_implementation,
+        attn_implementation=cfg.attn_implementation,  # type: ignore[call-arg]
     )
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, device: torch.device) -> BertForPreTraining:
     """A freshly initialised model on `device` (fp32 parameters; autocast handles low precision)."""
-    model = BertForPreTraining(bert_config(cfg, vocab_size)).to(device)
+    model = BertForPreTraining(bert_config(cfg, vocab_size)).to(device)  # type: ignore[arg-type]
     return model
 
 

@@ -132,7 +132,7 @@ class Trainer:
         if self.onebit:
             freeze = self._freeze_step_for(index)
             if freeze is not None:
-                self.optimizer.freeze_step = freeze
+                self.optimizer.freeze_step = freeze  # type: ignore[attr-defined]
             if self._masks_positions():
                 mask = self.optimizer.param_groups[-1]["exp_avg_mask"]
                 mask.zero_()
@@ -238,7 +238,7 @@ class Trainer:
             )
         timer.lap("forward_backward")
         # optimizer (1-bit: compressed momentum exchange inside)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
         overflow = self.scaler.unscale_and_check(params)
         grad_norm = _global_norm(params) if log_step else None
         traffic_before = _onebit_bytes(self.optimizer)
@@ -433,7 +433,7 @@ class Trainer:
                     name=self.cfg.run_name,
                     tags=[*wandb.tags, self.cfg.optim.name, self.cfg.batch.name, self.cfg.model.size.value],
                     mode=wandb.mode.value,
-                    config=OmegaConf.to_container(OmegaConf.structured(self.cfg)),
+                    config=dict(OmegaConf.to_container(OmegaConf.structured(self.cfg))),  # type: ignore[arg-type]
                     directory=self.run_dir,
                 )
             )

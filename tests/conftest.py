@@ -26,3 +26,15 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """`data=tiny` (both lengths) with a small trained vocab: it keeps the tiny model's embedding and
+    MLM decoder, most of its compute, small."""
+    from data.prepare import prepare_in_subprocess
+
+    out = tmp_path_factory.mktemp("data") / "tiny"
+    return prepare_in_subprocess(
+        out, "data=tiny", "data.tokenizer.vocab_file=null", "data.tokenizer.vocab_size=2000"
+    )

@@ -106,13 +106,14 @@ def nvlamb_update_(
     bias_correction2_sqrt: float = 1.0,
     grad_scale: float = 1.0,
     workspace: list[Tensor] | None = None,
-) -> None:
+) -> Tensor | None:
     """One apex/NVIDIA LAMB step on one parameter group (spec §1.3), in place.
 
     `grad_scale` is the global pre-normalization 1/max(1, G/max_grad_norm), computed by the caller over
     ALL groups. u = m̂/(√v̂+ε) + λp (decoupled decay, ε outside the root); p ← p − η·r·u with the trust
     ratio r = ‖p‖/‖u‖ when λ ≠ 0 and r = 1 when λ = 0. Bias corrections from `bias_corrections()`.
-    `workspace`: optional scratch tensors shaped like `params`, overwritten.
+    `workspace`: optional scratch tensors shaped like `params`, overwritten. Returns the trust ratios
+    applied, shape [len(params)], or None for a group without weight decay (no trust ratio).
 
     Implementation note: with s = √bc2/bc1, m̂/(√v̂+ε) = s·m/(√v+ε√bc2); u is built as u/s, which the
     trust ratio cancels, and s is folded into the final step size: two fewer passes over memory.
@@ -123,13 +124,14 @@ def nvlamb_update_(
     adam_direction_(updates, exp_avgs, exp_avg_sqs, eps * bias_correction2_sqrt)  # u/s
     if weight_decay == 0.0:
         torch._foreach_add_(params, updates, alpha=-lr * scale)
-        return
+        return None
     torch._foreach_add_(updates, params, alpha=weight_decay / scale)
     param_norms, update_norms = grad_norms(params), grad_norms(updates)
     usable = (param_norms > 0) & (update_norms > 0)
     # `updates` holds u/s: the trust ratio cancels s, the fallback ratio 1 does not.
     coeffs = torch.where(usable, trust_ratios(param_norms, update_norms), scale)
     torch._foreach_addcmul_(params, updates, _as_scalars(coeffs), value=-lr)
+    return coeffs / scale
 
 
 def deepspeed_lamb_update_(

@@ -81,6 +81,7 @@ class Lamb(OptimizerBase):
         self.bias_correction = bias_correction
         self.min_coeff, self.max_coeff = min_coeff, max_coeff
         self.compile = compile
+        self._trust_ratios: dict[int, Tensor | None] = {}  # last step's, per param group
         if compile:
             self._direction = torch.compile(F.lamb_tensor_direction_, dynamic=True)
             self._apply = torch.compile(F.lamb_tensor_apply_, dynamic=True)
@@ -95,11 +96,23 @@ class Lamb(OptimizerBase):
         if self._record_skip(not is_finite(total_norm)):
             return loss
         grad_scale = self._grad_scale(total_norm)
-        for group, params, group_grads in zip(self.param_groups, groups, grads):
+        self._trust_ratios = {}
+        for index, (group, params, group_grads) in enumerate(zip(self.param_groups, groups, grads)):
             if params:
-                self._update_group(group, params, group_grads, grad_scale)
+                self._trust_ratios[index] = self._update_group(group, params, group_grads, grad_scale)
         self._copy_masters_back([p for params in groups for p in params])
         return loss
+
+    def statistics(self) -> dict[str, float]:
+        """Trust ratios of the last step per param group (group 0: decayed weights, 1: biases and
+        LayerNorm, which get none under nvlamb): mean, min, max. Host sync: log steps only."""
+        statistics = super().statistics()
+        for index, ratios in self._trust_ratios.items():
+            if ratios is not None and ratios.numel():
+                statistics[f"trust_ratio_mean_group{index}"] = float(ratios.mean())
+                statistics[f"trust_ratio_min_group{index}"] = float(ratios.min())
+                statistics[f"trust_ratio_max_group{index}"] = float(ratios.max())
+        return statistics
 
     def _grad_scale(self, total_norm: Tensor) -> float:
         if self.max_grad_norm <= 0:
@@ -108,7 +121,7 @@ class Lamb(OptimizerBase):
 
     def _update_group(
         self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], grad_scale: float
-    ) -> None:
+    ) -> Tensor | None:
         for p in params:
             if "exp_avg" not in self.state[p]:
                 self.state[p]["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
@@ -132,18 +145,20 @@ class Lamb(OptimizerBase):
             bias_correction2_sqrt=bias_correction2_sqrt,
             grad_scale=grad_scale,
         )
-        if self.compile:
+        if self.compile:  # the compiled kernels keep their ratios to themselves: no statistics
             self._compiled_update(*tensors, beta1=beta1, beta2=beta2, **hyper)
-        else:
-            self._eager_update(*tensors, beta1=beta1, beta2=beta2, **hyper)
+            return None
+        return self._eager_update(*tensors, beta1=beta1, beta2=beta2, **hyper)
 
-    def _eager_update(self, *tensor_lists: list[Tensor], **hyper: Any) -> None:
+    def _eager_update(self, *tensor_lists: list[Tensor], **hyper: Any) -> Tensor | None:
         """The foreach functions chunk by chunk, temporaries in the reused workspace."""
+        ratios: Tensor | None
         if self.variant is LambVariant.nvlamb:
-            self._chunked(F.nvlamb_update_, list(tensor_lists), (), **hyper)
+            ratios = self._chunked(F.nvlamb_update_, list(tensor_lists), (), **hyper)
         else:
             extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
-            self._chunked(F.deepspeed_lamb_update_, list(tensor_lists), (), **extra, **hyper)
+            ratios = self._chunked(F.deepspeed_lamb_update_, list(tensor_lists), (), **extra, **hyper)
+        return ratios
 
     def _compiled_update(
         self,

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from data.config import REPO_ROOT
 from data.tokenizer import load_prepared_tokenizer
 from launch.local import run_local
 from pretrain.comm import padded_numel
@@ -18,28 +15,6 @@ from pretrain.model import build_model
 from tests.integration.pretrain_helpers import compose_train_config, read_metrics, train_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed]
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "tiny"
-    subprocess.run(
-        # a small trained vocab keeps the tiny model's embedding and decoder (most of its compute) small
-        [
-            sys.executable,
-            "-m",
-            "data.prepare",
-            "data=tiny",
-            f"data.shards.output_dir={out}",
-            "show_progress=false",
-            "data.tokenizer.vocab_file=null",
-            "data.tokenizer.vocab_size=2000",
-        ],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-    )
-    return out
 
 
 def overrides(data: Path, run_dir: Path, optim: str, *extra: str) -> list[str]:

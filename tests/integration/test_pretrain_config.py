@@ -20,25 +20,6 @@ OPTIMS = sorted(p.stem for p in (REPO_ROOT / "conf/optim").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (REPO_ROOT / "conf/model").glob("*.yaml"))
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "tiny"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data.prepare",
-            "data=tiny",
-            f"data.shards.output_dir={out}",
-            "show_progress=false",
-        ],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-    )
-    return out
-
-
 def run_pretrain(*overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pretrain", "wandb.mode=disabled", "show_progress=false", *overrides],
@@ -93,7 +74,7 @@ def test_dry_run_bert_large_64k(tiny_data: Path, tmp_path: Path):
         "dry_run=true",
     )
     assert proc.returncode == 0, proc.stderr
-    assert "bert_large with 33" in proc.stdout  # ~335M parameters
+    assert "dry run: bert_large with 30" in proc.stdout  # ~306M parameters with the 2000-token test vocab
     assert "65536 = 1 x 64 x 1024 accumulation" in proc.stdout
 
 

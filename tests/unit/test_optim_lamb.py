@@ -198,3 +198,28 @@ def test_compiled_update_matches_eager(variant):
             opt.step()
     for a, b in zip(eager_model.parameters(), compiled_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_statistics_report_the_applied_trust_ratios():
+    """nvlamb: the decayed group's ratio is ‖p‖/‖u‖ (§8.8: 3.415940 for p=[3,4], g=[1,1]); the λ=0 group
+    has none. deepspeed: the clamped ratio on every group (§8.7: 0.3)."""
+
+    def run(variant: str, **kwargs):
+        decayed = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+        plain = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+        optimizer = Lamb(
+            [{"params": [decayed], "weight_decay": 0.01}, {"params": [plain], "weight_decay": 0.0}],
+            lr=0.01,
+            variant=variant,
+            **kwargs,
+        )
+        decayed.grad, plain.grad = torch.ones(2), torch.ones(2)
+        optimizer.step()
+        return optimizer.statistics()
+
+    nvlamb = run("nvlamb")
+    assert nvlamb["trust_ratio_mean_group0"] == pytest.approx(3.415940, abs=1e-5)
+    assert "trust_ratio_mean_group1" not in nvlamb
+    deepspeed = run("deepspeed", bias_correction=False, min_coeff=0.01, max_coeff=0.3)
+    assert deepspeed["trust_ratio_max_group0"] == pytest.approx(0.3)
+    assert deepspeed["trust_ratio_min_group1"] == pytest.approx(0.3)
