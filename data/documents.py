@@ -17,6 +17,17 @@ class Document:
     title: str
     text: str
     source: str  # where it came from: a file path (plus page/line) or a hub dataset id
+    # "text", or "wikitext" for dump pages whose conversion is deferred to the preparation workers
+    # (the conversion is the costliest part of reading; done there it runs in parallel)
+    markup: str = "text"
+
+    def plain_text(self) -> str:
+        """The plain text: `text`, or the converted wikitext ("" when nothing survives cleaning)."""
+        if self.markup == "wikitext":
+            from data.sources.wiki_dump import wikitext_to_text
+
+            return wikitext_to_text(self.text)
+        return self.text
 
 
 class SkipCounter(Counter):

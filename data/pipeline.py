@@ -102,13 +102,22 @@ def _write_json_atomic(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def tokenize_documents(documents: list[Document], context: WorkerContext, skips: SkipCounter):
-    """-> list of documents as lists of sentences of token ids; short documents are skipped."""
+def tokenize_documents(
+    documents: list[Document], context: WorkerContext, skips: SkipCounter
+) -> tuple[list[list[list[int]]], int]:
+    """-> (documents as lists of sentences of token ids, bytes of plain text); documents that are
+    empty (after wikitext conversion) or too short are skipped and counted."""
     tokenizer = _get_tokenizer(context.tokenizer_file)
     sentences: list[str] = []
     boundaries: list[int] = []  # sentence count per kept document
+    text_bytes = 0
     for document in documents:
-        doc_sentences = split_sentences(clean_text(document.text))
+        text = document.plain_text()
+        if not text:
+            skips.skip("empty")
+            continue
+        text_bytes += len(text.encode("utf-8"))
+        doc_sentences = split_sentences(clean_text(text))
         if len(doc_sentences) < context.instances.min_sentences_per_document:
             skips.skip("too_few_sentences")
             continue
@@ -130,7 +139,7 @@ def tokenize_documents(documents: list[Document], context: WorkerContext, skips:
             skips.skip("too_few_sentences")
             continue
         tokenized.append(doc)
-    return tokenized
+    return tokenized, text_bytes
 
 
 def _static_masks(instances, context: WorkerContext, max_seq_length: int, index: int):
@@ -154,14 +163,14 @@ def _static_masks(instances, context: WorkerContext, max_seq_length: int, index:
 def process_chunk(index: int, documents: list[Document], context: WorkerContext) -> ChunkResult:
     """Tokenize one chunk of documents and write its shard for every sequence length."""
     skips = SkipCounter()
-    tokenized = tokenize_documents(documents, context, skips)
+    tokenized, text_bytes = tokenize_documents(documents, context, skips)
     result = ChunkResult(
         index=index,
         config_hash=context.config_hash,
         num_documents=len(tokenized),
         num_sentences=sum(len(d) for d in tokenized),
         num_text_tokens=sum(len(s) for d in tokenized for s in d),
-        text_bytes=sum(len(d.text.encode("utf-8")) for d in documents),
+        text_bytes=text_bytes,
     )
     cfg = context.instances
     for max_seq_length, folder in context.folders.items():

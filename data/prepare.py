@@ -221,7 +221,7 @@ def prepare(cfg: PrepareConfig) -> dict[int, Path]:
         batch_size=data.tokenizer.batch_size,
     )
     read_skips = SkipCounter()
-    documents = iter_documents(data.sources, read_skips)
+    documents = iter_documents(data.sources, read_skips, defer_wikitext=True)
     chunks = chunk_documents(documents, int(data.shards.chunk_mb * 1e6))
     results: list[pipeline.ChunkResult] = []
     runner = _Runner(context, data.shards.num_workers)

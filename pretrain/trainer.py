@@ -73,8 +73,11 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.precision = _resolve_precision(cfg.precision, env.device)
         self.sync = GradientSync(None, env.world_size)
+        objective: torch.nn.Module = PretrainingObjective(self.model)
+        if cfg.model.compile:
+            objective = torch.compile(objective)  # type: ignore[assignment]
         self.ddp = DistributedDataParallel(
-            PretrainingObjective(self.model),
+            objective,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
             forward_sync_buffers=False,  # BERT's buffers (position ids) are constants
         )

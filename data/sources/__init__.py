@@ -29,16 +29,22 @@ SOURCES: dict[SourceKind, Reader] = {
 }
 
 
-def iter_documents(sources: list[SourceConfig], skips: SkipCounter) -> Iterator[Document]:
+def iter_documents(
+    sources: list[SourceConfig], skips: SkipCounter, *, defer_wikitext: bool = False
+) -> Iterator[Document]:
     """The documents of every source, source by source in the order given, each source cut at its
     `max_documents` (skipped documents do not count towards it).
 
     A reader's DataError is re-raised as one line prefixed with the source's place in the config,
-    e.g. `data.sources[1] (books): /data/books does not exist`.
+    e.g. `data.sources[1] (books): /data/books does not exist`. With `defer_wikitext`, dump pages come
+    as raw wikitext (`Document.plain_text()` converts them) so the conversion can run in workers.
     """
     for index, cfg in enumerate(sources):
         kind = SourceKind(cfg.kind)
-        reader = SOURCES[kind](cfg, skips)
+        if defer_wikitext and kind is SourceKind.wiki_dump:  # the caller converts (data.pipeline)
+            reader = read_wiki_dump(cfg, skips, convert=False)
+        else:
+            reader = SOURCES[kind](cfg, skips)
         try:
             yield from itertools.islice(reader, cfg.max_documents)
         except DataError as error:

@@ -91,17 +91,19 @@ _TABLE_ROW_START = ("|", "!", "{|")
 _WORD = re.compile(r"\w")
 
 
-def read_wiki_dump(cfg: SourceConfig, skips: SkipCounter) -> Iterator[Document]:
+def read_wiki_dump(cfg: SourceConfig, skips: SkipCounter, *, convert: bool = True) -> Iterator[Document]:
     """Articles of the dump file(s) at `cfg.path` (a file, a folder of `*.xml[.bz2|.gz]`, or a glob).
 
     Yields one Document per main-namespace, non-redirect page whose text is not empty after
     cleaning; counts skipped pages as "redirect", "namespace" (non-zero namespace) and "empty".
     Raises DataError (one line, naming the file and the page/line reached) on a truncated or
-    corrupt compressed stream or malformed XML.
+    corrupt compressed stream or malformed XML. `convert=False` yields the raw wikitext
+    (`markup="wikitext"`, converted later by `Document.plain_text()`, which returns "" for a page
+    this reader would have counted as "empty").
     """
     assert cfg.path is not None, "SourceConfig requires a path for local sources"
     for path in resolve_paths(cfg.path, DUMP_PATTERNS, "MediaWiki XML dump"):
-        yield from _read_dump_file(path, skips)
+        yield from _read_dump_file(path, skips, convert)
 
 
 def _local_name(tag: str) -> str:
@@ -127,7 +129,7 @@ def _page_fields(page: ElementTree.Element) -> tuple[str, str, bool, str]:
     return title, namespace, redirect, wikitext
 
 
-def _read_dump_file(path: Path, skips: SkipCounter) -> Iterator[Document]:
+def _read_dump_file(path: Path, skips: SkipCounter, convert: bool = True) -> Iterator[Document]:
     num_pages = 0
     try:
         with open_binary(path) as stream:
@@ -146,11 +148,15 @@ def _read_dump_file(path: Path, skips: SkipCounter) -> Iterator[Document]:
                 if namespace != "0":
                     skips.skip("namespace")
                     continue
+                source = f"{path}#page{num_pages}"
+                if not convert:
+                    yield Document(title=title, text=wikitext, source=source, markup="wikitext")
+                    continue
                 text = wikitext_to_text(wikitext)
                 if not text:
                     skips.skip("empty")
                     continue
-                yield Document(title=title, text=text, source=f"{path}#page{num_pages}")
+                yield Document(title=title, text=text, source=source)
     except ElementTree.ParseError as error:
         line, column = error.position
         raise DataError(

@@ -12,7 +12,12 @@ from launch.local import run_local
 from pretrain.comm import padded_numel
 from pretrain.comm.counter import compressed_call_traffic, ring_allreduce_bytes
 from pretrain.model import build_model
-from tests.integration.pretrain_helpers import compose_train_config, read_metrics, train_worker
+from tests.integration.pretrain_helpers import (
+    compose_train_config,
+    parameter_digest,
+    read_metrics,
+    train_worker,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed]
 
@@ -94,9 +99,13 @@ def test_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path):
 
 
 def test_phase_transition(tiny_data: Path, tmp_path: Path):
-    """The whole demo recipe: phase 2 (seq 512) continues phase 1's optimizer in the compression stage."""
+    """The whole demo recipe: phase 2 (seq 512) continues phase 1's optimizer in the compression stage;
+    the final checkpoint's HF export loads with transformers as is."""
+    from transformers import AutoModelForPreTraining, AutoTokenizer
+
     run_dir = tmp_path / "phases"
-    results = run_local(train_worker, 2, (overrides(tiny_data, run_dir, "onebit_lamb"),))
+    args = (overrides(tiny_data, run_dir, "onebit_lamb", "checkpoint.export_hf=true"),)
+    results = run_local(train_worker, 2, args)
     assert results[0]["digest"] == results[1]["digest"]
     metrics = read_metrics(run_dir)
     phases = [m["phase"] for m in metrics]
@@ -105,3 +114,8 @@ def test_phase_transition(tiny_data: Path, tmp_path: Path):
     assert metrics[40]["lr"] < metrics[39]["lr"] or metrics[41]["lr"] > 0  # a fresh phase-2 schedule
     assert (run_dir / "summary.json").is_file()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == "step-00000050"
+    export = run_dir / "checkpoints" / "step-00000050" / "hf"
+    model = AutoModelForPreTraining.from_pretrained(export)
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    assert model.config.vocab_size == len(tokenizer) and model.config.num_hidden_layers == 2
+    assert parameter_digest(model) == results[0]["digest"]
