@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from data.config import REPO_ROOT
 from data.tokenizer import load_prepared_tokenizer
 from launch.local import run_local
 from pretrain.comm import padded_numel
@@ -119,3 +126,40 @@ def test_phase_transition(tiny_data: Path, tmp_path: Path):
     tokenizer = AutoTokenizer.from_pretrained(export)
     assert model.config.vocab_size == len(tokenizer) and model.config.num_hidden_layers == 2
     assert parameter_digest(model) == results[0]["digest"]
+
+
+def test_sigusr1_checkpoints_exits_75_and_resume_continues(tiny_data: Path, tmp_path: Path):
+    """Preemption: SIGUSR1 -> checkpoint after the current step -> exit 75; resume=auto continues."""
+    run_dir = tmp_path / "preempted"
+    command = [
+        sys.executable,
+        "-m",
+        "pretrain",
+        *overrides(tiny_data, run_dir, "lamb", "checkpoint.every_steps=0"),
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    metrics_file = run_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (
+        not metrics_file.exists() or len(metrics_file.read_text().splitlines()) < 3
+    ):
+        time.sleep(0.1)
+    os.kill(process.pid, signal.SIGUSR1)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 75, stderr
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    assert len(checkpoints) == 1 and (checkpoints[0] / "COMPLETE").is_file()
+    stopped_at = int(checkpoints[0].name.removeprefix("step-"))
+    assert 3 <= stopped_at < 50
+    resumed = subprocess.run(
+        [*command, "max_steps=" + str(stopped_at + 2)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [json.loads(line)["step"] for line in metrics_file.read_text().splitlines()]
+    assert steps[-2:] == [stopped_at + 1, stopped_at + 2]
