@@ -6,7 +6,6 @@ cross-field checks raise ValueError naming the key. The runner converts the Dict
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,8 +73,8 @@ class TaskConfig:
             raise ValueError("task.weight_decay must be >= 0")
         if self.max_length < 8:
             raise ValueError("task.max_length must be >= 8")
-        if not 0 < self.doc_stride < self.max_length:
-            raise ValueError("task.doc_stride must be in (0, task.max_length)")
+        if self.doc_stride < 1 or self.n_best < 1 or self.max_answer_length < 1:
+            raise ValueError("task.doc_stride, task.n_best and task.max_answer_length must be >= 1")
         if self.eval_splits is not None and not self.eval_splits:
             raise ValueError("task.eval_splits is empty (null = the task's own splits)")
         if not 0.0 < self.train_fraction < 1.0:

@@ -38,7 +38,11 @@ from pretrain.metrics import ConsoleLogger, FanoutLogger, JsonlLogger, MetricsLo
 log = logging.getLogger("finetune")
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
-TARGETS = {"span": ("start_positions", "end_positions"), "classification": ("labels",), "regression": ("labels",)}
+TARGETS = {
+    "span": ("start_positions", "end_positions"),
+    "classification": ("labels",),
+    "regression": ("labels",),
+}
 PRETRAINING_STATE_FILE = "pretraining_state.json"
 
 
@@ -46,7 +50,7 @@ PRETRAINING_STATE_FILE = "pretraining_state.json"
 class ColumnDataset(Dataset):
     """Rows of a dict of equal-length columns, restricted to `keys`."""
 
-    def __init__(self, columns: Mapping[str, Sequence[Any]], keys: Sequence[str]):
+    def __init__(self, columns: dict[str, list[Any]], keys: Sequence[str]):
         missing = [k for k in keys if k not in columns]
         assert not missing, f"features lack the columns {missing}"
         self.columns = {k: columns[k] for k in keys}
@@ -73,7 +77,9 @@ class Collator:
             if isinstance(values[0], list | tuple | np.ndarray):
                 width = max(len(v) for v in values)
                 pad = self.pad_token_id if key == "input_ids" else 0
-                batch[key] = torch.tensor([list(v) + [pad] * (width - len(v)) for v in values], dtype=torch.long)
+                batch[key] = torch.tensor(
+                    [list(v) + [pad] * (width - len(v)) for v in values], dtype=torch.long
+                )
             else:
                 dtype = self.label_dtype if key == "labels" else torch.long
                 batch[key] = torch.tensor(values, dtype=dtype)
@@ -85,13 +91,13 @@ class EvalSet:
     """One evaluation split: model features plus what the metric needs (labels, or SQuAD examples)."""
 
     split: str
-    features: Mapping[str, Sequence[Any]]
+    features: dict[str, list[Any]]
     examples: list[Any] = field(default_factory=list)
 
 
 @dataclass
 class TaskData:
-    train: Mapping[str, Sequence[Any]]
+    train: dict[str, list[Any]]
     evals: list[EvalSet]
     skips: dict[str, Any]
     notes: list[str]
@@ -214,7 +220,9 @@ def load_tokenizer(model_path: Path) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     except (OSError, ValueError) as error:
-        raise ValueError(f"model_path={model_path}: no loadable tokenizer ({str(error).splitlines()[0]})") from None
+        raise ValueError(
+            f"model_path={model_path}: no loadable tokenizer ({str(error).splitlines()[0]})"
+        ) from None
     if not tokenizer.is_fast:  # SQuAD features need offset mappings
         raise ValueError(f"model_path={model_path}: the tokenizer is not a fast (tokenizers) tokenizer")
     return tokenizer
@@ -249,7 +257,8 @@ def read_pretraining_samples_seen(model_path: Path) -> int | None:
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
     """AdamW; no weight decay on biases and LayerNorm weights (BERT's recipe); fused kernels on CUDA."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
@@ -274,7 +283,6 @@ def predict(model, features, batch_size: int, collator: Collator, device, precis
         with autocast_context(device, precision):
             out = model(**{k: v.to(device) for k, v in batch.items()})
         heads = [out.start_logits, out.end_logits] if hasattr(out, "start_logits") else [out.logits]
-        # pad to max_length so batches of different widths stack (SQuAD features are fixed-length anyway)
         outputs.append([h.float().cpu().numpy() for h in heads])
     return [np.concatenate([o[i] for o in outputs]) for i in range(len(outputs[0]))]
 
@@ -297,8 +305,7 @@ def evaluate(model, eval_set: EvalSet, spec, cfg: FinetuneConfig, collator, devi
         return dict(squad_v1_metrics(predictions, eval_set.examples)), predictions
     logits = heads[0]
     predicted = logits[:, 0] if spec.kind == "regression" else logits.argmax(axis=-1)
-    labels = np.asarray(eval_set.features["labels"])
-    return dict(glue_metrics(spec.name, predicted, labels)), None
+    return dict(glue_metrics(spec.name, predicted.tolist(), eval_set.features["labels"])), None
 
 
 # -- the loop --------------------------------------------------------------------------------------------
@@ -308,10 +315,15 @@ def _precision(cfg: FinetuneConfig, device: torch.device) -> str:
     return cfg.precision.value
 
 
-def _build_logger(cfg: FinetuneConfig, env: DistributedEnv, seed: int, samples_seen: int | None) -> MetricsLogger:
+def _build_logger(
+    cfg: FinetuneConfig, env: DistributedEnv, seed: int, samples_seen: int | None
+) -> MetricsLogger:
     if not env.is_main:
         return NullLogger()
-    loggers: list[MetricsLogger] = [JsonlLogger(Path(cfg.output_dir) / "metrics.jsonl"), ConsoleLogger(("loss", "lr"))]
+    loggers: list[MetricsLogger] = [
+        JsonlLogger(Path(cfg.output_dir) / "metrics.jsonl"),
+        ConsoleLogger(("loss", "lr")),
+    ]
     if cfg.wandb.mode.value != "disabled":
         tags = [*cfg.wandb.tags, "finetune", cfg.task.name, f"seed-{seed}"]
         if samples_seen is not None:
@@ -338,7 +350,12 @@ def _prefixed(metrics: Mapping[str, float], split: str, single: bool) -> dict[st
 
 
 def train_one_seed(
-    cfg: FinetuneConfig, spec: Any, env: DistributedEnv, data: TaskData, tokenizer: Any, seed: int,
+    cfg: FinetuneConfig,
+    spec: Any,
+    env: DistributedEnv,
+    data: TaskData,
+    tokenizer: Any,
+    seed: int,
     samples_seen: int | None,
 ) -> tuple[dict[str, float], dict[str, str] | None]:
     """Fine-tune one fresh model with `seed`. -> (final metrics, SQuAD predictions of the first eval split).
@@ -347,18 +364,24 @@ def train_one_seed(
     task, device = cfg.task, env.device
     precision = _precision(cfg, device)
     if task.batch_size % env.world_size:
-        raise ValueError(f"task.batch_size={task.batch_size} is not divisible by the world size {env.world_size}")
+        raise ValueError(
+            f"task.batch_size={task.batch_size} is not divisible by the world size {env.world_size}"
+        )
     set_seed(seed)
     weights = check_model_folder(task.init_from, "task.init_from") if task.init_from else Path(cfg.model_path)
     model = load_model(weights, spec, reinit_mismatched=task.init_from is not None).to(device)
     train_model: torch.nn.Module = model
     if env.world_size > 1:
-        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        train_model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
 
     collator = Collator(tokenizer.pad_token_id, torch.float if spec.kind == "regression" else torch.long)
     train_set = ColumnDataset(data.train, MODEL_INPUTS + TARGETS[spec.kind])
     # DistributedSampler also for a world of one: the same seeded shuffle for every world size
-    sampler = DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed)
+    sampler: DistributedSampler = DistributedSampler(
+        train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed
+    )
     loader = DataLoader(
         train_set,
         batch_size=task.batch_size // env.world_size,
@@ -371,7 +394,9 @@ def train_one_seed(
     optimizer = build_optimizer(model, task.lr, task.weight_decay, device)
     from transformers import get_linear_schedule_with_warmup
 
-    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(task.warmup_ratio * total_steps), total_steps)
+    scheduler = get_linear_schedule_with_warmup(
+        optimizer, math.ceil(task.warmup_ratio * total_steps), total_steps
+    )
 
     logger = _build_logger(cfg, env, seed, samples_seen)
     bar = tqdm(
@@ -404,14 +429,21 @@ def train_one_seed(
                 if step % cfg.log_every == 0 or step == total_steps:
                     logger.log(
                         step,
-                        {"loss": loss.item(), "lr": scheduler.get_last_lr()[0], "epoch": epoch + 1, "seed": seed},
+                        {
+                            "loss": loss.item(),
+                            "lr": scheduler.get_last_lr()[0],
+                            "epoch": epoch + 1,
+                            "seed": seed,
+                        },
                     )
             # -- evaluate (rank 0; the eval sets are small next to training, and it keeps order simple)
             if cfg.eval_every_epoch or epoch == task.epochs - 1:
                 if env.is_main:
                     final = {}
                     for index, eval_set in enumerate(data.evals):
-                        metrics, split_predictions = evaluate(model, eval_set, spec, cfg, collator, device, precision)
+                        metrics, split_predictions = evaluate(
+                            model, eval_set, spec, cfg, collator, device, precision
+                        )
                         final.update(_prefixed(metrics, eval_set.split, single))
                         if index == 0:
                             predictions = split_predictions
@@ -491,7 +523,7 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
         if env.is_main and predictions is not None:
             from finetune.metrics import write_squad_predictions
 
-            write_squad_predictions(predictions, output_dir / "predictions.json")
+            write_squad_predictions(output_dir / "predictions.json", predictions)
 
     results: dict[str, Any] = {
         "task": spec.name,
@@ -520,7 +552,8 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
         if main is not None:
             print(
                 f"{spec.name}: {spec.main_metric} = {main['mean']:.4f} ± {main['std']:.4f} "
-                f"(median {main['median']:.4f}, {len(cfg.seeds)} seed(s)) -> {output_dir / 'all_results.json'}",
+                f"(median {main['median']:.4f}, {len(cfg.seeds)} seed(s)) -> "
+                f"{output_dir / 'all_results.json'}",
                 flush=True,
             )
     return results

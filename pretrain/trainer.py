@@ -93,6 +93,7 @@ class Trainer:
         self.scheduler: Any = None
         self.logger: MetricsLogger = NullLogger()
         self._signal: int | None = None
+        self._pending_tokens = torch.zeros((), device=env.device)
         self._previous_handlers: dict[int, Any] = {}
 
     # -- set-up ----------------------------------------------------------------------------------------
@@ -267,13 +268,19 @@ class Trainer:
         state.step_in_phase += 1
         state.skipped_steps += int(skipped)
         state.samples_seen += phase.global_batch
-        # tokens: this rank's count x world size (exact per-rank counts would need a collective per step)
-        state.tokens_seen += int(totals[4].item()) * self.env.world_size
+        # tokens: this rank's count x world size (exact per-rank counts would need a collective per step);
+        # summed on the device and folded into the state at log steps and saves (no host sync per step)
+        self._pending_tokens += totals[4]
         state.bytes_sent += self.sync.bytes_sent if sync else onebit_bytes
         if self.env.world_size > 1:
             state.bytes_lamb_equivalent += ring_allreduce_bytes(self.num_params, 4, self.env.world_size)
 
+    def _flush_tokens(self) -> None:
+        self.state.tokens_seen += int(self._pending_tokens.item()) * self.env.world_size
+        self._pending_tokens.zero_()
+
     def _metrics(self, phase, totals, timer, grad_norm, accumulation) -> dict[str, float]:
+        self._flush_tokens()
         if self.env.world_size > 1:
             dist.all_reduce(totals)
         mlm, nsp = (totals[:2] / (accumulation * self.env.world_size)).tolist()
@@ -341,6 +348,7 @@ class Trainer:
         return path
 
     def save(self) -> Path:
+        self._flush_tokens()
         shared = {
             "train_state": asdict(self.state),
             "lr_scheduler": self.scheduler.state_dict() if self.scheduler else None,

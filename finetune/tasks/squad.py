@@ -58,18 +58,16 @@ def load_examples(
     training = split == "train"
     skips: collections.Counter[str] = collections.Counter()
     examples: list[SquadExample] = []
-    for key_path, record in records:
+    for record in records:
         if max_examples is not None and len(examples) >= max_examples:
             break
-        answers = record["answers"]
-        context = record["context"]
-        mismatched = [answer for answer in answers if not _answer_in_context(answer, context)]
-        if training and (not answers or _answer_in_context(answers[0], context) is False):
-            skips["no_answer" if not answers else "answer_not_in_context"] += 1
+        answers, context = record["answers"], record["context"]
+        if training and not answers:
+            skips["no_answer"] += 1
             continue
-        if mismatched and not training:
-            skips["answer_not_in_context_kept"] += 1
-        del key_path
+        if training and not _answer_in_context(answers[0], context):
+            skips["answer_not_in_context"] += 1
+            continue
         examples.append(SquadExample(record["id"], record["question"], context, answers, record["title"]))
     return examples, dict(skips)
 
@@ -80,7 +78,7 @@ def _answer_in_context(answer: dict[str, Any], context: str) -> bool:
 
 
 def _json_records(path: Path):
-    """Yields `(key_path, {"id", "title", "context", "question", "answers"})` per question."""
+    """Yields `{"id", "title", "context", "question", "answers"}` per question."""
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     opener = gzip.open if path.suffix == ".gz" else open
@@ -117,7 +115,7 @@ def _json_records(path: Path):
                             "answer_start": need(answer, "answer_start", answer_path, int),
                         }
                     )
-                yield question_path, {
+                yield {
                     "id": need(question, "id", question_path, str),
                     "title": title,
                     "context": context,
@@ -140,7 +138,7 @@ def _hub_records(task: TaskSpec, split: str):
             record = {key: row[key] for key in ("id", "context", "question")}
         except (KeyError, TypeError, ValueError) as error:
             raise DataError(f"{task.hub[0]}:{hub_split}: row {row_number} malformed ({error})") from None
-        yield f"row {row_number}", {**record, "title": row.get("title", ""), "answers": answers}
+        yield {**record, "title": row.get("title", ""), "answers": answers}
 
 
 def prepare_squad_features(

@@ -1,0 +1,42 @@
+"""`python -m finetune` — fine-tune a BERT checkpoint on SQuAD v1.1 or a GLUE task (Hydra).
+
+    python -m finetune task=mrpc model_path=results/runs/<run>/checkpoints/step-00001000/hf
+    python -m finetune task=squad model_path=<HF BERT folder> seeds=[1,2,3]
+    python -m finetune task=rte model_path=<HF folder> task.init_from=<an MNLI fine-tune's model folder>
+    python -m finetune -m task=cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli model_path=...   # all of GLUE
+    torchrun --standalone --nproc-per-node 8 -m finetune task=squad model_path=...         # data parallel
+
+Local data (the layout of ../shared/data) by default; `data_dir=null` reads the Hugging Face hub.
+Exit codes: 0 done, 2 bad config, model folder or data (one-line error).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from data.documents import DataError
+from finetune.config import to_object
+
+
+@hydra.main(config_path="../conf", config_name="finetune", version_base="1.3")
+def main(dict_cfg: DictConfig) -> None:
+    from finetune.runner import run_finetune
+    from pretrain.distributed import init_distributed, shutdown_distributed
+
+    try:
+        cfg = to_object(dict_cfg)
+        env = init_distributed()
+        try:
+            run_finetune(cfg, env)
+        finally:
+            shutdown_distributed()
+    except (DataError, ValueError) as error:
+        print(f"finetune: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Tiny end-to-end fine-tunes (MRPC, STS-B, a SQuAD slice, 2-process MRPC) of a random tiny BERT on
+../shared/data, and the one-line error for a model folder that is not a BERT."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from data.config import REPO_ROOT
+
+QUIET = ["wandb.mode=disabled", "show_progress=false", "log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, shared_data: Path) -> Path:
+    """A random 2-layer BERT (hidden 64) saved as an HF folder with the uncased vocab's fast tokenizer,
+    plus a pretraining_state.json as our checkpoints' exports carry."""
+    from transformers import BertConfig, BertForPreTraining, BertTokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    # transformers 5: BertTokenizer is the fast (tokenizers) one (BertTokenizerFast is an alias)
+    tokenizer = BertTokenizer(vocab_file=str(vocab), do_lower_case=True)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+    )
+    BertForPreTraining(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "pretraining_state.json").write_text(json.dumps({"samples_seen": 4096}))
+    return folder
+
+
+def compose_config(overrides: list[str]):
+    from finetune.config import to_object
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return to_object(compose(config_name="finetune", overrides=overrides))
+
+
+def run_single(overrides: list[str]) -> dict:
+    from finetune.runner import run_finetune
+    from pretrain.distributed import DistributedEnv
+
+    # a world of one needs no process group; keeps the pytest process free of one
+    env = DistributedEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    return run_finetune(compose_config(overrides), env)
+
+
+def finetune_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
+    """fn for run_local: fine-tune under a gloo group of `world_size`; -> the results (rank 0: metrics)."""
+    from finetune.runner import run_finetune
+    from pretrain.distributed import init_distributed
+
+    torch.set_num_threads(1)
+    results = run_finetune(compose_config(overrides), init_distributed())
+    return {"per_seed": results["per_seed"], "world_size": results["world_size"]}
+
+
+def assert_summary(results: dict, metrics: list[str], seeds: list[int]) -> None:
+    assert results["seeds"] == seeds
+    assert sorted(results["per_seed"]) == sorted(str(s) for s in seeds)
+    for seed in seeds:
+        for name in metrics:
+            assert isinstance(results["per_seed"][str(seed)][name], float), (seed, name)
+    for name in metrics:
+        summary = results["summary"][name]
+        values = [results["per_seed"][str(s)][name] for s in seeds]
+        assert summary["mean"] == pytest.approx(sum(values) / len(values))
+        assert summary["std"] >= 0.0
+        assert min(values) <= summary["median"] <= max(values)
+
+
+def test_mrpc_two_seeds(tiny_bert: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mrpc"
+    results = run_single(
+        [
+            "task=mrpc",
+            f"model_path={tiny_bert}",
+            f"output_dir={out}",
+            "seeds=[1,2]",
+            "task.epochs=1",
+            "task.batch_size=16",
+            "task.max_length=64",
+            "task.max_train_examples=128",
+            "task.max_eval_examples=64",
+            "task.lr=1e-4",
+            *QUIET,
+        ]
+    )
+    written = json.loads((out / "all_results.json").read_text())
+    assert written["per_seed"] == results["per_seed"]
+    assert_summary(written, ["accuracy", "f1"], [1, 2])
+    assert written["pretraining_samples_seen"] == 4096
+    assert written["data"]["num_train_examples"] == 128
+    assert written["data"]["num_eval_examples"] == {"dev": 64}
+    assert written["main_metric"] == "f1"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval/accuracy" in r]
+    assert len(losses) == 2 * 8 and all(r["loss"] > 0 for r in losses)  # 128 / 16 steps per seed
+    assert [r["seed"] for r in evals] == [1, 2]
+    assert all(r["pretraining_samples_seen"] == 4096 for r in evals)
+    # different seeds -> different head init and order -> different training
+    assert losses[0]["loss"] != losses[8]["loss"]
+
+
+def test_stsb_regression(tiny_bert: Path, tmp_path: Path) -> None:
+    results = run_single(
+        [
+            "task=stsb",
+            f"model_path={tiny_bert}",
+            f"output_dir={tmp_path}",
+            "task.epochs=1",
+            "task.batch_size=16",
+            "task.max_length=64",
+            "task.max_train_examples=64",
+            "task.max_eval_examples=48",
+            *QUIET,
+        ]
+    )
+    assert_summary(results, ["pearson", "spearman"], [42])
+    assert results["summary"]["pearson"]["std"] == 0.0
+
+
+def test_squad_slice_trains_on_part_of_dev(tiny_bert: Path, tmp_path: Path) -> None:
+    results = run_single(
+        [
+            "task=squad",
+            f"model_path={tiny_bert}",
+            f"output_dir={tmp_path}",
+            "task.epochs=1",
+            "task.batch_size=16",
+            "task.max_length=128",
+            "task.doc_stride=32",
+            "task.max_train_examples=48",
+            "task.max_eval_examples=32",
+            *QUIET,
+        ]
+    )
+    assert_summary(results, ["exact_match", "f1"], [42])
+    assert 0.0 <= results["per_seed"]["42"]["f1"] <= 100.0
+    assert results["data"]["num_train_examples"] == 48
+    assert results["data"]["num_eval_examples"] == {"dev": 32}
+    assert "first 50% of the articles" in results["data"]["notes"][0]
+    predictions = json.loads((tmp_path / "predictions.json").read_text())
+    assert len(predictions) == 32
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in predictions.items())
+
+
+def test_split_by_article_is_deterministic_and_disjoint() -> None:
+    from finetune.runner import split_by_article
+
+    examples = [{"title": t, "qid": f"{t}{i}"} for t in "abcd" for i in range(3)]
+    train, held_out = split_by_article(examples, 0.5)
+    assert {e["title"] for e in train} == {"a", "b"}
+    assert {e["title"] for e in held_out} == {"c", "d"}
+    assert split_by_article(examples, 0.01)[0] == examples[:3]  # at least one article each side
+    with pytest.raises(ValueError, match="train_fraction"):
+        split_by_article(examples[:3], 0.5)
+
+
+def test_two_process_mrpc_matches_layout(tiny_bert: Path, tmp_path: Path) -> None:
+    from launch.local import run_local
+
+    overrides = [
+        "task=mrpc",
+        f"model_path={tiny_bert}",
+        f"output_dir={tmp_path}",
+        "task.epochs=1",
+        "task.batch_size=16",
+        "task.max_length=64",
+        "task.max_train_examples=64",
+        "task.max_eval_examples=32",
+        *QUIET,
+    ]
+    results = run_local(finetune_worker, world_size=2, args=(overrides,), timeout=120)
+    assert results[0]["world_size"] == 2
+    assert set(results[0]["per_seed"]["42"]) == {"accuracy", "f1"}
+    assert results[1]["per_seed"]["42"] == {}  # metrics are computed on rank 0 only
+    written = json.loads((tmp_path / "all_results.json").read_text())
+    assert written["world_size"] == 2
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in records if "loss" in r]) == 4  # 64 examples / global batch 16
+
+
+def test_bad_model_folder_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "finetune",
+            f"model_path={tmp_path}",
+            f"output_dir={tmp_path / 'out'}",
+            *QUIET,
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 2, completed.stderr
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path) in lines[0] and "not 'bert'" in lines[0], lines
+
+
+def test_missing_config_json_names_the_folder(tmp_path: Path) -> None:
+    from finetune.runner import check_model_folder
+
+    with pytest.raises(ValueError, match=r"no config\.json"):
+        check_model_folder(str(tmp_path))

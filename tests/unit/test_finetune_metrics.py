@@ -1,0 +1,93 @@
+"""GLUE and SQuAD v1.1 metrics against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from finetune.metrics import (
+    exact_match_score,
+    f1_score_tokens,
+    glue_metrics,
+    normalize_answer,
+    squad_v1_metrics,
+    write_squad_predictions,
+)
+from finetune.tasks import SquadExample
+
+# labels [1,1,0,0], predictions [1,1,1,0]: TP 2, FP 1, TN 1, FN 0
+LABELS, PREDICTIONS = [1, 1, 0, 0], [1, 1, 1, 0]
+
+
+def test_cola_matthews():
+    # (TP·TN − FP·FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) = 2 / sqrt(3·2·2·1)
+    result = glue_metrics("cola", PREDICTIONS, LABELS)
+    assert result == {"matthews_correlation": pytest.approx(2 / math.sqrt(12))}
+
+
+@pytest.mark.parametrize("task_name", ["mrpc", "qqp"])
+def test_f1_and_accuracy(task_name):
+    # precision 2/3, recall 1 → F1 0.8; 3 of 4 right
+    assert glue_metrics(task_name, PREDICTIONS, LABELS) == {"accuracy": 0.75, "f1": pytest.approx(0.8)}
+
+
+@pytest.mark.parametrize("task_name", ["sst2", "mnli", "mnli_mismatched", "qnli", "rte", "wnli"])
+def test_accuracy_only(task_name):
+    assert glue_metrics(task_name, [0, 2, 1, 1, 0], [0, 2, 2, 1, 1]) == {"accuracy": pytest.approx(0.6)}
+
+
+def test_stsb_pearson_spearman():
+    # x − x̄ = (−1.5, −.5, .5, 1.5), y − ȳ = (−1.75, −.75, .25, 2.25): r = 6.5 / sqrt(5 · 8.75); ranks agree
+    result = glue_metrics("stsb", [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 5.0])
+    assert result == {"pearson": pytest.approx(6.5 / math.sqrt(43.75)), "spearman": pytest.approx(1.0)}
+
+
+def test_glue_metrics_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="equal"):
+        glue_metrics("sst2", [1, 0], [1])
+
+
+@pytest.mark.parametrize(
+    ("text", "normalized"),
+    [
+        ("The  Quick, brown fox!", "quick brown fox"),
+        ("an apple", "apple"),
+        ("A theater", "theater"),  # "the" inside a word stays
+        ("U.S.", "us"),
+        ("1,000 (approx.)", "1000 approx"),
+        ("the-the", "thethe"),  # punctuation goes before articles, as in the official order
+        ("\tAn\nanswer ", "answer"),
+    ],
+)
+def test_normalize_answer(text, normalized):
+    assert normalize_answer(text) == normalized
+
+
+def test_exact_match_and_f1_by_hand():
+    assert exact_match_score("The Denver Broncos!", "denver broncos") == 1.0
+    # "cat sat" vs "cat sat on mat": precision 1, recall 1/2
+    assert f1_score_tokens("the cat sat", "a cat sat on the mat") == pytest.approx(2 / 3)
+    # overlap counts tokens with multiplicity: common {x, y} of 3 and 3 tokens
+    assert f1_score_tokens("x x y", "x y y") == pytest.approx(2 / 3)
+    assert f1_score_tokens("", "") == 0.0 and exact_match_score("", "the") == 1.0
+
+
+def test_squad_metrics_max_over_answers_and_missing_predictions():
+    examples = [
+        SquadExample("q1", "?", "ctx", [{"text": "Paris", "answer_start": 0}, {"text": "the city of Paris", "answer_start": 0}]),
+        SquadExample("q2", "?", "ctx", [{"text": "1990", "answer_start": 0}]),
+        SquadExample("q3", "?", "ctx", [{"text": "blue whale", "answer_start": 0}]),
+    ]  # fmt: skip
+    predictions = {"q1": "city of paris.", "q3": "whale", "unknown": "ignored"}
+    # q1: EM 1 (second answer), F1 1; q2 missing: 0; q3: EM 0, F1 2·(1·½)/(1+½) = 2/3
+    result = squad_v1_metrics(predictions, examples)
+    assert result == {"exact_match": pytest.approx(100 / 3), "f1": pytest.approx(100 * (1 + 2 / 3) / 3)}
+
+
+def test_write_squad_predictions_is_official_format(tmp_path):
+    predictions = {"56be4db0acb8001400a502ec": "Denver Broncos", "q2": "café"}
+    path = write_squad_predictions(tmp_path / "out" / "predictions.json", predictions)
+    assert json.loads(path.read_text(encoding="utf-8")) == predictions
+    assert [entry.name for entry in path.parent.iterdir()] == ["predictions.json"]  # no temp file left
