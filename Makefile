@@ -39,6 +39,7 @@ help:
 	@echo "make test      all tests (SLOW=0 skips the slow tier)"
 	@echo "make prepare   DATA=<sample|tiny|wikipedia_bookcorpus> ARGS='hydra overrides'"
 	@echo "make pretrain  BATCH=<demo|8k|16k|32k|64k> OPT=<lamb|onebit_lamb|adamw|onebit_adam> MODEL=... NPROC=..."
+	@echo "make finetune  TASK=<squad|mrpc|...|glue> CKPT=<run folder or HF folder> FT_NPROC=... ARGS=..."
 	@echo "make bench     benchmarks -> results/bench/*.json"
 	@echo "make lint      ruff + mypy"
 
@@ -75,9 +76,17 @@ pretrain: setup data/prepared/$(PRETRAIN_DATA)/seq128/manifest.json
 	launch/torchrun.sh $(if $(NPROC),--nproc $(NPROC),) -- batch=$(BATCH) optim=$(OPT) model=$(MODEL) \
 	  data_dir=data/prepared/$(PRETRAIN_DATA) $(ARGS)
 
+# fine-tuning: TASK=<squad|cola|sst2|mrpc|stsb|qqp|mnli|qnli|rte|wnli|glue> CKPT=<pretraining run folder
+# (its newest complete checkpoint's hf/) or any HF BERT folder>; FT_NPROC=N: torchrun data parallel.
+# TASK=glue is a Hydra multirun over GLUE_TASKS, one task after another.
+TASK       ?= mrpc
+CKPT       ?=
+FT_NPROC   ?=
+GLUE_TASKS ?= cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli
 finetune: setup
-	@$(PY) -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('finetune.__main__') else 'make finetune: fine-tuning is not in this version yet (issue #5)')"
-	$(PY) -m finetune $(ARGS)
+	@test -n "$(CKPT)" || { echo "make finetune: set CKPT=<pretraining run folder or HF BERT folder>" >&2; exit 2; }
+	$(if $(FT_NPROC),$(VENV)/bin/torchrun --standalone --nproc-per-node $(FT_NPROC),$(PY)) -m finetune \
+	  $(if $(filter glue,$(TASK)),-m task=$(GLUE_TASKS),task=$(TASK)) model_path=$(CKPT) $(ARGS)
 
 compare: setup
 	@$(PY) -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('results.compare') else 'make compare: the comparison step is not in this version yet (issue #6)')"

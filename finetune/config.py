@@ -106,6 +106,9 @@ class FinetuneConfig:
     num_workers: int = 0  # DataLoader workers per rank; the features are in memory already
     log_every: int = 50
     eval_every_epoch: bool = True  # false: evaluate after the last epoch only
+    # Save the first seed's fine-tuned model (+ tokenizer) to <output_dir>/model: the folder to give
+    # another task as task.init_from (an MNLI fine-tune for RTE/MRPC/STS-B).
+    save_model: bool = False
     show_progress: bool = True
 
     def __post_init__(self) -> None:

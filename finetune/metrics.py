@@ -25,19 +25,22 @@ def glue_metrics(task_name: str, predictions: Sequence, labels: Sequence) -> dic
     from scipy.stats import pearsonr, spearmanr  # lazily: slow imports, not needed for SQuAD
     from sklearn.metrics import f1_score, matthews_corrcoef
 
-    predictions, labels = np.asarray(predictions), np.asarray(labels)
-    if predictions.shape != labels.shape or predictions.ndim != 1 or len(labels) == 0:
-        raise ValueError(f"predictions {predictions.shape} and labels {labels.shape}: need equal, non-empty 1-D")
+    predicted, gold = np.asarray(predictions), np.asarray(labels)
+    if predicted.shape != gold.shape or predicted.ndim != 1 or len(gold) == 0:
+        raise ValueError(f"predictions {predicted.shape} and labels {gold.shape}: need equal, non-empty 1-D")
     if task_name == "stsb":
         return {
-            "pearson": float(pearsonr(predictions, labels)[0]),
-            "spearman": float(spearmanr(predictions, labels)[0]),
+            "pearson": float(pearsonr(predicted, gold)[0]),
+            "spearman": float(spearmanr(predicted, gold)[0]),
         }
     if task_name == "cola":
-        return {"matthews_correlation": float(matthews_corrcoef(labels, predictions))}
-    accuracy = float((predictions == labels).mean())
+        return {"matthews_correlation": float(matthews_corrcoef(gold, predicted))}
+    accuracy = float(np.mean(predicted == gold))
     if task_name in ("mrpc", "qqp"):
-        return {"accuracy": accuracy, "f1": float(f1_score(labels, predictions, pos_label=1, zero_division=0))}
+        return {
+            "accuracy": accuracy,
+            "f1": float(f1_score(gold, predicted, pos_label=1, zero_division=0)),
+        }
     return {"accuracy": accuracy}
 
 

@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from finetune.config import FinetuneConfig
 from pretrain.config import Precision
 from pretrain.distributed import DistributedEnv, autocast_context
 from pretrain.metrics import ConsoleLogger, FanoutLogger, JsonlLogger, MetricsLogger, NullLogger, WandbLogger
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger("finetune")
 
@@ -112,13 +115,7 @@ def _limit(items: list[Any], limit: int | None) -> list[Any]:
 def split_by_article(examples: list[Any], fraction: float) -> tuple[list[Any], list[Any]]:
     """First `fraction` of the articles (in file order, at least one on each side) -> train; the rest ->
     eval. Deterministic; questions of one article never land on both sides."""
-    titles: list[str] = []
-    for example in examples:
-        title = _field(example, "title")
-        if not titles or titles[-1] != title:
-            if title in titles:  # articles are contiguous in SQuAD files; a repeat means they are not
-                continue
-            titles.append(title)
+    titles = list(dict.fromkeys(_field(example, "title") for example in examples))  # first-seen order
     if len(titles) < 2:
         raise ValueError(f"task.train_fraction: the data has {len(titles)} article(s); need 2 to split")
     cut = min(max(1, round(len(titles) * fraction)), len(titles) - 1)
@@ -149,14 +146,15 @@ def load_task_data(cfg: FinetuneConfig, spec: Any, tokenizer: Any) -> TaskData:
     carve_squad_train = spec.kind == "span" and task.train_split in eval_splits
     if carve_squad_train:
         every = read(task.train_split, None)
-        train_examples, held_out = split_by_article(every, task.train_fraction)
-        notes.append(
-            f"no separate train set: trained on the first {task.train_fraction:.0%} of the articles of "
-            f"'{task.train_split}' ({len(train_examples)} questions) and evaluated on the other articles "
-            f"({len(held_out)} questions); scores are not comparable to the official dev set"
-        )
-        train_examples = _limit(train_examples, task.max_train_examples)
+        train_part, held_out = split_by_article(every, task.train_fraction)
+        train_examples = _limit(train_part, task.max_train_examples)
         eval_examples = {task.train_split: _limit(held_out, task.max_eval_examples)}
+        notes.append(
+            f"no separate train set: trained on {len(train_examples)} of the {len(train_part)} questions "
+            f"of the first {task.train_fraction:.0%} of the articles of '{task.train_split}' and evaluated "
+            f"on {len(eval_examples[task.train_split])} of the {len(held_out)} questions of the other "
+            "articles; scores are not comparable to the official dev set"
+        )
         for split in eval_splits:
             if split != task.train_split:
                 eval_examples[split] = read(split, task.max_eval_examples)
@@ -198,10 +196,23 @@ def load_task_data(cfg: FinetuneConfig, spec: Any, tokenizer: Any) -> TaskData:
 
 # -- model -----------------------------------------------------------------------------------------------
 def check_model_folder(path: str, what: str = "model_path") -> Path:
-    """A local Hugging Face BERT folder, or a one-line ValueError naming it."""
+    """A local Hugging Face BERT folder, or a one-line ValueError naming it.
+
+    A pretraining run folder (`<run>/checkpoints/step-N/`) stands for its newest complete
+    checkpoint's `hf/` export."""
+    from pretrain.checkpoint import latest_checkpoint
+
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise ValueError(f"{what}={folder}: no such folder")
+    if not (folder / "config.json").is_file() and (folder / "checkpoints").is_dir():
+        newest = latest_checkpoint(folder / "checkpoints")
+        if newest is None or not (newest / "hf").is_dir():
+            raise ValueError(
+                f"{what}={folder}: a run folder without a complete checkpoint with an hf/ export"
+            )
+        folder = newest / "hf"
+        log.info("%s: newest checkpoint %s", what, folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{what}={folder}: not a Hugging Face model folder (no config.json)")
@@ -228,15 +239,24 @@ def load_tokenizer(model_path: Path) -> Any:
     return tokenizer
 
 
-def load_model(weights: Path, spec: Any, *, reinit_mismatched: bool) -> torch.nn.Module:
+def load_model(weights: Path, spec: Any, *, reinit_mismatched: bool) -> PreTrainedModel:
     """A task head on the encoder in `weights`; heads absent from the checkpoint start random."""
     from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
     if spec.kind == "span":
         return AutoModelForQuestionAnswering.from_pretrained(str(weights))
+    labels: dict[str, Any] = {}
+    if spec.label_names:  # readable labels in the saved config.json
+        labels = {
+            "id2label": dict(enumerate(spec.label_names)),
+            "label2id": {name: i for i, name in enumerate(spec.label_names)},
+        }
     return AutoModelForSequenceClassification.from_pretrained(
         str(weights),
         num_labels=spec.num_labels,
+        # explicit: an init_from checkpoint carries its own task's problem type
+        problem_type="regression" if spec.kind == "regression" else "single_label_classification",
+        **labels,
         # an MNLI head (3 labels) under RTE (2) or STS-B (1): drop it, keep the encoder
         ignore_mismatched_sizes=reinit_mismatched,
     )
@@ -320,10 +340,8 @@ def _build_logger(
 ) -> MetricsLogger:
     if not env.is_main:
         return NullLogger()
-    loggers: list[MetricsLogger] = [
-        JsonlLogger(Path(cfg.output_dir) / "metrics.jsonl"),
-        ConsoleLogger(("loss", "lr")),
-    ]
+    # the console shows training records only; evaluations are printed above the progress bar
+    loggers: list[MetricsLogger] = [JsonlLogger(Path(cfg.output_dir) / "metrics.jsonl")]
     if cfg.wandb.mode.value != "disabled":
         tags = [*cfg.wandb.tags, "finetune", cfg.task.name, f"seed-{seed}"]
         if samples_seen is not None:
@@ -357,10 +375,14 @@ def train_one_seed(
     tokenizer: Any,
     seed: int,
     samples_seen: int | None,
+    model_path: Path,
+    save_to: Path | None = None,
 ) -> tuple[dict[str, float], dict[str, str] | None]:
-    """Fine-tune one fresh model with `seed`. -> (final metrics, SQuAD predictions of the first eval split).
+    """Fine-tune one fresh model with `seed` from `model_path` (resolved, see `check_model_folder`) or
+    `task.init_from`. -> (final metrics, SQuAD predictions of the first eval split).
 
-    Collective: every rank calls it. Metrics are computed on rank 0 (other ranks get {})."""
+    Collective: every rank calls it. Metrics are computed on rank 0 (other ranks get {}); `save_to`
+    (rank 0 only) receives the fine-tuned model and tokenizer as an HF folder."""
     task, device = cfg.task, env.device
     precision = _precision(cfg, device)
     if task.batch_size % env.world_size:
@@ -368,8 +390,10 @@ def train_one_seed(
             f"task.batch_size={task.batch_size} is not divisible by the world size {env.world_size}"
         )
     set_seed(seed)
-    weights = check_model_folder(task.init_from, "task.init_from") if task.init_from else Path(cfg.model_path)
-    model = load_model(weights, spec, reinit_mismatched=task.init_from is not None).to(device)
+    weights = check_model_folder(task.init_from, "task.init_from") if task.init_from else model_path
+    model = load_model(weights, spec, reinit_mismatched=task.init_from is not None)
+    # nn.Module.to moves in place; transformers types its wrapped .to too narrowly for mypy
+    model.to(device)  # type: ignore[arg-type]
     train_model: torch.nn.Module = model
     if env.world_size > 1:
         train_model = DistributedDataParallel(
@@ -399,6 +423,7 @@ def train_one_seed(
     )
 
     logger = _build_logger(cfg, env, seed, samples_seen)
+    console: MetricsLogger = ConsoleLogger(("loss", "lr")) if env.is_main else NullLogger()
     bar = tqdm(
         total=total_steps,
         disable=not (env.is_main and cfg.show_progress),
@@ -427,15 +452,9 @@ def train_one_seed(
                 step += 1
                 bar.update()
                 if step % cfg.log_every == 0 or step == total_steps:
-                    logger.log(
-                        step,
-                        {
-                            "loss": loss.item(),
-                            "lr": scheduler.get_last_lr()[0],
-                            "epoch": epoch + 1,
-                            "seed": seed,
-                        },
-                    )
+                    record = {"loss": loss.item(), "lr": scheduler.get_last_lr()[0], "epoch": epoch + 1}
+                    logger.log(step, {**record, "seed": seed})
+                    console.log(step, record)
             # -- evaluate (rank 0; the eval sets are small next to training, and it keeps order simple)
             if cfg.eval_every_epoch or epoch == task.epochs - 1:
                 if env.is_main:
@@ -455,6 +474,9 @@ def train_one_seed(
                     bar.write(f"{task.name} seed {seed} epoch {epoch + 1}: " + _format(final))
                 if env.world_size > 1:
                     dist.barrier()
+        if save_to is not None:
+            model.save_pretrained(save_to)
+            tokenizer.save_pretrained(save_to)
     finally:
         bar.close()
         logger.close()
@@ -515,10 +537,15 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
     output_dir = Path(cfg.output_dir)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
+        # a re-run replaces the previous run's outputs rather than appending to its metrics
+        (output_dir / "metrics.jsonl").unlink(missing_ok=True)
 
     per_seed: dict[int, dict[str, float]] = {}
-    for seed in cfg.seeds:
-        metrics, predictions = train_one_seed(cfg, spec, env, data, tokenizer, seed, samples_seen)
+    for index, seed in enumerate(cfg.seeds):
+        save_to = output_dir / "model" if cfg.save_model and index == 0 and env.is_main else None
+        metrics, predictions = train_one_seed(
+            cfg, spec, env, data, tokenizer, seed, samples_seen, model_path, save_to
+        )
         per_seed[seed] = metrics
         if env.is_main and predictions is not None:
             from finetune.metrics import write_squad_predictions
@@ -528,6 +555,10 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
     results: dict[str, Any] = {
         "task": spec.name,
         "main_metric": spec.main_metric,
+        # per-split names when a task has several eval splits (MNLI: dev_matched_accuracy, ...)
+        "main_metric_key": spec.main_metric
+        if len(data.evals) == 1
+        else f"{data.evals[0].split}_{spec.main_metric}",
         "model_path": str(model_path),
         "init_from": cfg.task.init_from,
         "pretraining_samples_seen": samples_seen,
@@ -548,10 +579,10 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
     }
     if env.is_main:
         write_json_atomic(output_dir / "all_results.json", results)
-        main = results["summary"].get(spec.main_metric)
+        main = results["summary"].get(results["main_metric_key"])
         if main is not None:
             print(
-                f"{spec.name}: {spec.main_metric} = {main['mean']:.4f} ± {main['std']:.4f} "
+                f"{spec.name}: {results['main_metric_key']} = {main['mean']:.4f} ± {main['std']:.4f} "
                 f"(median {main['median']:.4f}, {len(cfg.seeds)} seed(s)) -> "
                 f"{output_dir / 'all_results.json'}",
                 flush=True,

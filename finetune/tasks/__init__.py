@@ -12,39 +12,66 @@ from finetune.tasks.spec import TaskSpec
 from finetune.tasks.squad import SquadExample, postprocess_squad, prepare_squad_features
 from finetune.tasks.squad import load_examples as load_squad_examples
 
-_GLUE = "nyu-mll/glue"
-_DEV = ("dev",)
-_BINARY_ENTAILMENT = ("entailment", "not_entailment")
+
+def _glue(
+    name: str,
+    folder: str,
+    main_metric: str,
+    label_names: tuple[str, ...],
+    eval_splits: tuple[str, ...] = ("dev",),
+) -> TaskSpec:
+    """A GLUE classification task (hub: `nyu-mll/glue`, config = the task name)."""
+    return TaskSpec(
+        name=name,
+        kind="classification",
+        num_labels=len(label_names),
+        glue_dir=folder,
+        hub=("nyu-mll/glue", name),
+        eval_splits=eval_splits,
+        main_metric=main_metric,
+        label_names=label_names,
+    )
+
+
+_ENTAILMENT = ("entailment", "not_entailment")
 
 TASKS: dict[str, TaskSpec] = {
-    "cola": TaskSpec(
-        "cola", "classification", 2, "CoLA", (_GLUE, "cola"), _DEV, "matthews_correlation",
-        ("unacceptable", "acceptable"),
+    "cola": _glue("cola", "CoLA", "matthews_correlation", ("unacceptable", "acceptable")),
+    "sst2": _glue("sst2", "SST-2", "accuracy", ("negative", "positive")),
+    "mrpc": _glue("mrpc", "MRPC", "f1", ("not_equivalent", "equivalent")),
+    "stsb": TaskSpec(
+        name="stsb",
+        kind="regression",
+        num_labels=1,
+        glue_dir="STS-B",
+        hub=("nyu-mll/glue", "stsb"),
+        eval_splits=("dev",),
+        main_metric="pearson",
     ),
-    "sst2": TaskSpec(
-        "sst2", "classification", 2, "SST-2", (_GLUE, "sst2"), _DEV, "accuracy", ("negative", "positive")
-    ),
-    "mrpc": TaskSpec(
-        "mrpc", "classification", 2, "MRPC", (_GLUE, "mrpc"), _DEV, "f1", ("not_equivalent", "equivalent")
-    ),
-    "stsb": TaskSpec("stsb", "regression", 1, "STS-B", (_GLUE, "stsb"), _DEV, "pearson"),
-    "qqp": TaskSpec(
-        "qqp", "classification", 2, "QQP", (_GLUE, "qqp"), _DEV, "f1", ("not_duplicate", "duplicate")
-    ),
+    "qqp": _glue("qqp", "QQP", "f1", ("not_duplicate", "duplicate")),
     # The order of the original GLUE processors (google-research/bert, HF's pre-`datasets` run_glue);
     # the hub's ClassLabel order differs and is remapped by name when loading.
-    "mnli": TaskSpec(
-        "mnli", "classification", 3, "MNLI", (_GLUE, "mnli"), ("dev_matched", "dev_mismatched"),
-        "accuracy", ("contradiction", "entailment", "neutral"),
+    "mnli": _glue(
+        "mnli",
+        "MNLI",
+        "accuracy",
+        ("contradiction", "entailment", "neutral"),
+        ("dev_matched", "dev_mismatched"),
     ),
-    "qnli": TaskSpec("qnli", "classification", 2, "QNLI", (_GLUE, "qnli"), _DEV, "accuracy", _BINARY_ENTAILMENT),
-    "rte": TaskSpec("rte", "classification", 2, "RTE", (_GLUE, "rte"), _DEV, "accuracy", _BINARY_ENTAILMENT),
-    # WNLI's files say 1 for entailment, so id 1 must be "entailment" (as in the hub's ClassLabel).
-    "wnli": TaskSpec(
-        "wnli", "classification", 2, "WNLI", (_GLUE, "wnli"), _DEV, "accuracy", ("not_entailment", "entailment")
+    "qnli": _glue("qnli", "QNLI", "accuracy", _ENTAILMENT),
+    "rte": _glue("rte", "RTE", "accuracy", _ENTAILMENT),
+    # WNLI's files write 1 for entailment, so id 1 must be "entailment" (as in the hub's ClassLabel).
+    "wnli": _glue("wnli", "WNLI", "accuracy", ("not_entailment", "entailment")),
+    "squad": TaskSpec(
+        name="squad",
+        kind="span",
+        num_labels=0,
+        glue_dir=None,
+        hub=("rajpurkar/squad", None),
+        eval_splits=("dev",),
+        main_metric="exact_match",
     ),
-    "squad": TaskSpec("squad", "span", 0, None, ("rajpurkar/squad", None), _DEV, "exact_match"),
-}  # fmt: skip
+}
 
 GLUE_TASKS: list[str] = [name for name, spec in TASKS.items() if spec.glue_dir is not None]
 

@@ -48,17 +48,41 @@ _DIGITS = ("0", "1")
 _LAYOUTS: dict[str, _Layout] = {
     "cola": _Layout("sentence", None, "label", _DIGITS, columns=("source", "label", "mark", "sentence")),
     "sst2": _Layout("sentence", None, "label", _DIGITS),
-    "mrpc": _Layout("#1 String", "#2 String", "Quality", _DIGITS, hub_text_a="sentence1", hub_text_b="sentence2"),
-    "qqp": _Layout("question1", "question2", "is_duplicate", _DIGITS, hub_text_a="question1", hub_text_b="question2"),
+    "mrpc": _Layout(
+        "#1 String", "#2 String", "Quality", _DIGITS, hub_text_a="sentence1", hub_text_b="sentence2"
+    ),
+    "qqp": _Layout(
+        "question1", "question2", "is_duplicate", _DIGITS, hub_text_a="question1", hub_text_b="question2"
+    ),
     "stsb": _Layout("sentence1", "sentence2", "score", hub_text_a="sentence1", hub_text_b="sentence2"),
     "mnli": _Layout(
-        "sentence1", "sentence2", "gold_label", ("contradiction", "entailment", "neutral"),
-        hub_text_a="premise", hub_text_b="hypothesis",
+        "sentence1",
+        "sentence2",
+        "gold_label",
+        ("contradiction", "entailment", "neutral"),
+        hub_text_a="premise",
+        hub_text_b="hypothesis",
     ),
-    "qnli": _Layout("question", "sentence", "label", ("entailment", "not_entailment"), hub_text_a="question", hub_text_b="sentence"),
-    "rte": _Layout("sentence1", "sentence2", "label", ("entailment", "not_entailment"), hub_text_a="sentence1", hub_text_b="sentence2"),
-    "wnli": _Layout("sentence1", "sentence2", "label", _DIGITS, hub_text_a="sentence1", hub_text_b="sentence2"),
-}  # fmt: skip
+    "qnli": _Layout(
+        "question",
+        "sentence",
+        "label",
+        ("entailment", "not_entailment"),
+        hub_text_a="question",
+        hub_text_b="sentence",
+    ),
+    "rte": _Layout(
+        "sentence1",
+        "sentence2",
+        "label",
+        ("entailment", "not_entailment"),
+        hub_text_a="sentence1",
+        hub_text_b="sentence2",
+    ),
+    "wnli": _Layout(
+        "sentence1", "sentence2", "label", _DIGITS, hub_text_a="sentence1", hub_text_b="sentence2"
+    ),
+}
 
 # Local split names → the hub's.
 _HUB_SPLITS = {
@@ -101,7 +125,9 @@ def load_examples(
     return _read_tsv(task, path, max_examples)
 
 
-def _read_tsv(task: TaskSpec, path: Path, max_examples: int | None) -> tuple[list[GlueExample], dict[str, int]]:
+def _read_tsv(
+    task: TaskSpec, path: Path, max_examples: int | None
+) -> tuple[list[GlueExample], dict[str, int]]:
     layout = _layout(task)
     skips: collections.Counter[str] = collections.Counter()
     examples: list[GlueExample] = []
@@ -130,12 +156,16 @@ def _read_tsv(task: TaskSpec, path: Path, max_examples: int | None) -> tuple[lis
                 continue
             fields = line.split("\t")
             if len(fields) != len(columns):
-                raise DataError(f"{path}:{line_number}: {len(fields)} tab-separated fields, expected {len(columns)}")
+                raise DataError(
+                    f"{path}:{line_number}: {len(fields)} tab-separated fields, expected {len(columns)}"
+                )
             label = None
             if label_position is not None:
                 label = _parse_label(task, layout, fields[label_position], f"{path}:{line_number}")
             text_b = fields[index[layout.text_b]] if layout.text_b is not None else None
-            examples.append(GlueExample(f"{path.stem}-{line_number}", fields[index[layout.text_a]], text_b, label))
+            examples.append(
+                GlueExample(f"{path.stem}-{line_number}", fields[index[layout.text_a]], text_b, label)
+            )
     return examples, dict(skips)
 
 
@@ -153,7 +183,9 @@ def _parse_label(task: TaskSpec, layout: _Layout, raw: str, where: str) -> int |
     return layout.raw_labels.index(raw)
 
 
-def _load_hub(task: TaskSpec, split: str, max_examples: int | None) -> tuple[list[GlueExample], dict[str, int]]:
+def _load_hub(
+    task: TaskSpec, split: str, max_examples: int | None
+) -> tuple[list[GlueExample], dict[str, int]]:
     import datasets  # lazily: it is slow to import and only needed for hub runs
 
     layout = _layout(task)

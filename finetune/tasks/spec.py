@@ -28,6 +28,8 @@ class TaskSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in ("classification", "regression", "span"):
-            raise ValueError(f"task {self.name}: kind must be classification/regression/span, not {self.kind}")
+            raise ValueError(
+                f"task {self.name}: kind must be classification/regression/span, not {self.kind}"
+            )
         if self.kind == "classification" and len(self.label_names) != self.num_labels:
             raise ValueError(f"task {self.name}: {self.num_labels} labels but names {self.label_names}")

@@ -51,10 +51,10 @@ def load_examples(
     and kept otherwise, because evaluation compares text only.
     """
     if data_dir is None:
-        records, source = _hub_records(task, split), f"{task.hub[0]}:{_HUB_SPLITS.get(split, split)}"
+        records = _hub_records(task, split)
     else:
         path = squad_file(data_dir, split)
-        records, source = _json_records(path), str(path)
+        records = _json_records(path)
     training = split == "train"
     skips: collections.Counter[str] = collections.Counter()
     examples: list[SquadExample] = []
@@ -86,7 +86,9 @@ def _json_records(path: Path):
         with opener(path, "rt", encoding="utf-8") as file:
             document = json.load(file)
     except json.JSONDecodeError as error:
-        raise DataError(f"{path}:{error.lineno}: malformed JSON ({error.msg}, column {error.colno})") from None
+        raise DataError(
+            f"{path}:{error.lineno}: malformed JSON ({error.msg}, column {error.colno})"
+        ) from None
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: unreadable ({error})") from None
 
@@ -211,6 +213,8 @@ def _answer_token_span(example: SquadExample, sequence_ids: list, offsets: list)
     start_char = example.answers[0]["answer_start"]
     end_char = start_char + len(example.answers[0]["text"])
     context_tokens = [i for i, sequence_id in enumerate(sequence_ids) if sequence_id == 1]
+    if not context_tokens:  # a question that fills the whole window
+        return 0, 0
     first, last = context_tokens[0], context_tokens[-1]
     if offsets[first][0] > start_char or offsets[last][1] < end_char:
         return 0, 0

@@ -116,11 +116,28 @@ def test_mrpc_two_seeds(tiny_bert: Path, tmp_path: Path) -> None:
     assert losses[0]["loss"] != losses[8]["loss"]
 
 
-def test_stsb_regression(tiny_bert: Path, tmp_path: Path) -> None:
+def test_stsb_regression_from_a_classification_fine_tune(tiny_bert: Path, tmp_path: Path) -> None:
+    """STS-B (1 output) starting from an RTE fine-tune (2 classes): encoder kept, head re-initialized."""
+    run_single(
+        [
+            "task=rte",
+            f"model_path={tiny_bert}",
+            f"output_dir={tmp_path / 'rte'}",
+            "save_model=true",
+            "task.epochs=1",
+            "task.batch_size=16",
+            "task.max_length=64",
+            "task.max_train_examples=32",
+            "task.max_eval_examples=16",
+            *QUIET,
+        ]
+    )
+    assert (tmp_path / "rte" / "model" / "config.json").is_file()
     results = run_single(
         [
             "task=stsb",
             f"model_path={tiny_bert}",
+            f"task.init_from={tmp_path / 'rte' / 'model'}",
             f"output_dir={tmp_path}",
             "task.epochs=1",
             "task.batch_size=16",
@@ -153,6 +170,7 @@ def test_squad_slice_trains_on_part_of_dev(tiny_bert: Path, tmp_path: Path) -> N
     assert 0.0 <= results["per_seed"]["42"]["f1"] <= 100.0
     assert results["data"]["num_train_examples"] == 48
     assert results["data"]["num_eval_examples"] == {"dev": 32}
+    assert "trained on 48 of the" in results["data"]["notes"][0]
     assert "first 50% of the articles" in results["data"]["notes"][0]
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     assert len(predictions) == 32
@@ -221,3 +239,41 @@ def test_missing_config_json_names_the_folder(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"no config\.json"):
         check_model_folder(str(tmp_path))
+
+
+def test_a_run_folder_means_its_newest_complete_checkpoint(tiny_bert: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from finetune.config import run_name_of
+    from finetune.runner import check_model_folder
+
+    run = tmp_path / "runs" / "64k-lamb-bert_large"
+    for step, complete in ((10, True), (20, True), (30, False)):  # step 30 is an unfinished save
+        checkpoint = run / "checkpoints" / f"step-{step:08d}"
+        shutil.copytree(tiny_bert, checkpoint / "hf")
+        if complete:
+            (checkpoint / "COMPLETE").touch()
+    assert check_model_folder(str(run)) == run / "checkpoints" / "step-00000020" / "hf"
+    assert run_name_of(str(run)) == "64k-lamb-bert_large"
+    assert run_name_of(str(run / "checkpoints" / "step-00000020" / "hf")) == "64k-lamb-bert_large"
+    assert run_name_of("/models/bert-base-uncased") == "bert-base-uncased"
+
+
+@pytest.mark.parametrize("task", sorted(p.stem for p in (REPO_ROOT / "conf" / "task").glob("*.yaml")))
+def test_every_task_recipe_composes(task: str, shared_data: Path) -> None:
+    from finetune.tasks import GLUE_TASKS, TASKS
+
+    cfg = compose_config([f"task={task}", "model_path=/models/bert"])
+    assert cfg.task.name == task and task in TASKS
+    expected = shared_data / ("glue_data" if task in GLUE_TASKS else "squad")
+    assert Path(str(cfg.data_dir)) == expected
+    assert cfg.output_dir.endswith(f"results/runs/bert/finetune/{task}")
+
+
+def test_a_misspelt_key_fails_at_composition() -> None:
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match=r"task\.learning_rate"):
+        compose_config(["task=mrpc", "model_path=/m", "task.learning_rate=1e-4"])
+    with pytest.raises(ValueError, match=r"task\.warmup_ratio"):
+        compose_config(["task=mrpc", "model_path=/m", "task.warmup_ratio=1.5"])

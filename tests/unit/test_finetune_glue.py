@@ -32,7 +32,9 @@ REAL_COUNTS = {
 def tokenizer(shared_data):
     from data.tokenizer import load_vocab_file, make_tokenizer
 
-    return make_tokenizer(load_vocab_file(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), lowercase=True)
+    return make_tokenizer(
+        load_vocab_file(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), lowercase=True
+    )
 
 
 def test_registry_is_consistent():
@@ -92,12 +94,28 @@ def _write(folder: Path, task_dir: str, split: str, text: str) -> str:
 @pytest.mark.parametrize(
     ("task_name", "body", "message"),
     [
-        ("rte", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\n", r"RTE/train\.tsv:3: 3 tab"),
-        ("rte", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tneutral\n", r"RTE/train\.tsv:2: label 'neutral'"),
+        (
+            "rte",
+            "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\n",
+            r"RTE/train\.tsv:3: 3 tab",
+        ),
+        (
+            "rte",
+            "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tneutral\n",
+            r"RTE/train\.tsv:2: label 'neutral'",
+        ),
         ("cola", "src\t1\t\tok\nsrc\t2\t\tbad\n", r"CoLA/train\.tsv:2: label '2'"),
         ("stsb", "index\tsentence1\tsentence2\tscore\n0\ta\tb\thigh\n", r"STS-B/train\.tsv:2: score 'high'"),
-        ("stsb", "index\tsentence1\tsentence2\tscore\n0\ta\tb\t5.5\n", r"STS-B/train\.tsv:2: score 5\.5 outside"),
-        ("stsb", "index\tsentence1\tsentence2\tscore\n0\ta\tb\tnan\n", r"STS-B/train\.tsv:2: score nan outside"),
+        (
+            "stsb",
+            "index\tsentence1\tsentence2\tscore\n0\ta\tb\t5.5\n",
+            r"STS-B/train\.tsv:2: score 5\.5 outside",
+        ),
+        (
+            "stsb",
+            "index\tsentence1\tsentence2\tscore\n0\ta\tb\tnan\n",
+            r"STS-B/train\.tsv:2: score nan outside",
+        ),
         ("mrpc", "Quality\t#1 String\n1\tx\n", r"MRPC/train\.tsv:1: header has no '#2 String'"),
     ],
 )
@@ -161,7 +179,12 @@ def test_hub_mnli_remaps_labels_by_name(monkeypatch):
             "idx": datasets.Value("int32"),
         }
     )
-    rows = {"premise": ["p0", "p1", "p2", "p3"], "hypothesis": ["h0", "h1", "h2", "h3"], "label": [0, 1, 2, -1], "idx": [0, 1, 2, 3]}  # fmt: skip
+    rows = {
+        "premise": ["p0", "p1", "p2", "p3"],
+        "hypothesis": ["h0", "h1", "h2", "h3"],
+        "label": [0, 1, 2, -1],
+        "idx": [0, 1, 2, 3],
+    }
     calls = _fake_hub(monkeypatch, rows, features)
     examples, skips = load_examples(TASKS["mnli"], "dev_matched", data_dir=None)
     assert calls == [("nyu-mll/glue", "mnli", "validation_matched")]
@@ -172,11 +195,27 @@ def test_hub_mnli_remaps_labels_by_name(monkeypatch):
 
 
 def test_hub_stsb_floats_and_max_examples(monkeypatch):
-    rows = {"sentence1": ["a", "b", "c"], "sentence2": ["x", "y", "z"], "label": [4.5, 0.0, 2.25], "idx": [0, 1, 2]}
+    rows = {
+        "sentence1": ["a", "b", "c"],
+        "sentence2": ["x", "y", "z"],
+        "label": [4.5, 0.0, 2.25],
+        "idx": [0, 1, 2],
+    }
     calls = _fake_hub(monkeypatch, rows)
     examples, _ = load_examples(TASKS["stsb"], "train", data_dir=None, max_examples=2)
     assert calls == [("nyu-mll/glue", "stsb", "train")]
     assert [(example.text_a, example.text_b, example.label) for example in examples] == [
         ("a", "x", 4.5),
         ("b", "y", 0.0),
+    ]
+
+
+def test_qqp_layout_by_header(tmp_path):
+    """No QQP file is in the shared data: a two-row file in the GLUE layout."""
+    header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+    data_dir = _write(tmp_path, "QQP", "dev", header + '7\t1\t2\tHow?\tWhy?\t1\n8\t3\t4\tA "b\tc\t0\n')
+    examples, _ = load_examples(TASKS["qqp"], "dev", data_dir=data_dir)
+    assert [(example.text_a, example.text_b, example.label) for example in examples] == [
+        ("How?", "Why?", 1),
+        ('A "b', "c", 0),
     ]

@@ -76,10 +76,15 @@ def test_exact_match_and_f1_by_hand():
 
 def test_squad_metrics_max_over_answers_and_missing_predictions():
     examples = [
-        SquadExample("q1", "?", "ctx", [{"text": "Paris", "answer_start": 0}, {"text": "the city of Paris", "answer_start": 0}]),
+        SquadExample(
+            "q1",
+            "?",
+            "ctx",
+            [{"text": "Paris", "answer_start": 0}, {"text": "the city of Paris", "answer_start": 0}],
+        ),
         SquadExample("q2", "?", "ctx", [{"text": "1990", "answer_start": 0}]),
         SquadExample("q3", "?", "ctx", [{"text": "blue whale", "answer_start": 0}]),
-    ]  # fmt: skip
+    ]
     predictions = {"q1": "city of paris.", "q3": "whale", "unknown": "ignored"}
     # q1: EM 1 (second answer), F1 1; q2 missing: 0; q3: EM 0, F1 2·(1·½)/(1+½) = 2/3
     result = squad_v1_metrics(predictions, examples)

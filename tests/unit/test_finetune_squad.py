@@ -22,7 +22,9 @@ SQUAD = TASKS["squad"]
 def tokenizer(shared_data):
     from data.tokenizer import load_vocab_file, make_tokenizer
 
-    return make_tokenizer(load_vocab_file(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), lowercase=True)
+    return make_tokenizer(
+        load_vocab_file(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), lowercase=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,32 +35,16 @@ def dev_examples(shared_data):
 
 
 @pytest.fixture(scope="module")
-def dev_features(dev_examples, tokenizer):
-    """Train and eval features of the whole dev set: the windows are the same in both modes."""
-    train = prepare_squad_features(dev_examples, tokenizer, train=True, pad_to_max_length=False)
-    evaluation = prepare_squad_features(dev_examples, tokenizer, train=False, pad_to_max_length=False)
-    return train, evaluation
-
-
-def test_real_dev_counts(dev_examples):
-    assert len(dev_examples) == 10570
-    assert sum(len(example.answers) for example in dev_examples) == 34726
-    assert len({example.qid for example in dev_examples}) == 10570
-    assert dev_examples[0].title == "Super_Bowl_50"
-
-
-def test_gold_answers_as_predictions_score_100(dev_examples):
-    predictions = {example.qid: example.answers[0]["text"] for example in dev_examples}
-    assert squad_v1_metrics(predictions, dev_examples) == {"exact_match": 100.0, "f1": 100.0}
-
-
-def test_feature_round_trip_on_dev(dev_examples, dev_features):
-    """Every labelled span decodes (through the context offsets) to the gold answer, normalized;
-    questions whose answer fits in no window are the only ones labelled [CLS] everywhere."""
-    train, evaluation = dev_features
+def round_trip(dev_examples, tokenizer):
+    """Train and eval features of every dev question (first answer; the windows are the same in
+    both modes) and the qids whose labelled span is exactly the gold answer (normalized).
+    About 10 s on one core: the issue asks for the whole dev set."""
+    examples = dev_examples
+    train = prepare_squad_features(examples, tokenizer, train=True, pad_to_max_length=False)
+    evaluation = prepare_squad_features(examples, tokenizer, train=False, pad_to_max_length=False)
     assert train["input_ids"] == evaluation["input_ids"]
-    example_by_id = {example.qid: example for example in dev_examples}
-    found, num_labelled = set(), 0
+    example_by_id = {example.qid: example for example in examples}
+    exact, inside_token, labelled = set(), set(), set()
     for index, qid in enumerate(evaluation["example_id"]):
         start, end = train["start_positions"][index], train["end_positions"][index]
         assert len(train["input_ids"][index]) <= 384
@@ -66,33 +52,53 @@ def test_feature_round_trip_on_dev(dev_examples, dev_features):
             assert end == 0
             continue
         example, offsets = example_by_id[qid], evaluation["offset_mapping"][index]
+        answer_start = example.answers[0]["answer_start"]
+        answer_end = answer_start + len(example.answers[0]["text"])
+        # the labelled tokens always cover the answer's characters...
+        assert offsets[start][0] <= answer_start and offsets[end][1] >= answer_end, qid
+        labelled.add(qid)
         span = example.context[offsets[start][0] : offsets[end][1]]
-        assert normalize_answer(span) == normalize_answer(example.answers[0]["text"]), qid
-        found.add(qid)
-        num_labelled += 1
-    num_truncated = len(example_by_id) - len(found)
-    # answers cut by the window are rare at 384/128 (some contexts are longer than 384 tokens)
-    assert num_truncated < 10, num_truncated
-    assert num_labelled >= len(found) and len(evaluation["example_id"]) > len(dev_examples)
+        if normalize_answer(span) == normalize_answer(example.answers[0]["text"]):
+            exact.add(qid)
+        else:
+            # ...and are wider only when the answer starts or ends inside a word piece
+            # ("8" of "20–18", "gold" of "golden"): then no token span can match it exactly
+            assert answer_start > offsets[start][0] or answer_end < offsets[end][1], qid
+            inside_token.add(qid)
+    return examples, train, evaluation, {"exact": exact, "inside_token": inside_token, "labelled": labelled}
 
 
-def test_postprocess_recovers_gold_spans_from_one_hot_logits(dev_examples, dev_features):
-    train, evaluation = dev_features
+def test_feature_round_trip_on_dev(round_trip):
+    """Labelled spans decode (through the context offsets) to the normalized gold answer, except
+    answers that begin or end inside a word piece and answers no window holds; both are counted
+    and rare."""
+    examples, _, evaluation, qids = round_trip
+    num_truncated = len(examples) - len(qids["labelled"])
+    assert len(evaluation["example_id"]) > len(examples)  # long contexts give several windows
+    assert num_truncated <= 5, num_truncated
+    assert len(qids["inside_token"]) < 0.01 * len(examples), sorted(qids["inside_token"])
+    assert len(qids["exact"] - qids["inside_token"]) >= 0.98 * len(examples)
+
+
+def test_postprocess_recovers_gold_spans_from_one_hot_logits(round_trip):
+    examples, train, evaluation, qids = round_trip
     length = max(len(ids) for ids in evaluation["input_ids"])
     num_features = len(evaluation["input_ids"])
     start_logits, end_logits = np.full((num_features, length), -5.0), np.full((num_features, length), -5.0)
     rows = np.arange(num_features)
     start_logits[rows, train["start_positions"]] = 10.0
     end_logits[rows, train["end_positions"]] = 10.0
-    predictions = postprocess_squad(dev_examples, evaluation, start_logits, end_logits)
-    assert set(predictions) == {example.qid for example in dev_examples}
-    labelled = {qid for qid, start in zip(evaluation["example_id"], train["start_positions"]) if start}
-    scored = [example for example in dev_examples if example.qid in labelled]
+    # some gold answers are longer than the default 30 tokens: lift the limit to see them all
+    predictions = postprocess_squad(examples, evaluation, start_logits, end_logits, max_answer_length=length)
+    assert set(predictions) == {example.qid for example in examples}
+    scored = [example for example in examples if example.qid in qids["exact"] - qids["inside_token"]]
     assert squad_v1_metrics(predictions, scored) == {"exact_match": 100.0, "f1": 100.0}
 
 
 def test_postprocess_respects_max_length_and_context_tokens(tokenizer):
-    example = SquadExample("q", "Who?", "Alice met Bob in Paris yesterday", [{"text": "Bob", "answer_start": 10}])
+    example = SquadExample(
+        "q", "Who?", "Alice met Bob in Paris yesterday", [{"text": "Bob", "answer_start": 10}]
+    )
     features = prepare_squad_features([example], tokenizer, max_length=32, doc_stride=8, train=False)
     offsets = features["offset_mapping"][0]
     context_positions = [index for index, offset in enumerate(offsets) if offset is not None]
@@ -111,7 +117,9 @@ def test_postprocess_respects_max_length_and_context_tokens(tokenizer):
 
 def test_long_context_gets_several_windows_with_cls_label(tokenizer):
     context = " ".join(f"word{index}" for index in range(200)) + " target end."
-    example = SquadExample("q", "Where?", context, [{"text": "target", "answer_start": context.index("target")}])
+    example = SquadExample(
+        "q", "Where?", context, [{"text": "target", "answer_start": context.index("target")}]
+    )
     features = prepare_squad_features([example], tokenizer, max_length=64, doc_stride=16, train=True)
     assert len(features["input_ids"]) > 2 and all(len(ids) == 64 for ids in features["input_ids"])
     starts = features["start_positions"]
@@ -130,14 +138,18 @@ def _squad_json(answer_start: int = 0) -> dict:
                     {
                         "context": "Paris is big.",
                         "qas": [
-                            {"id": "a", "question": "What?", "answers": [{"text": "Paris", "answer_start": answer_start}]},
+                            {
+                                "id": "a",
+                                "question": "What?",
+                                "answers": [{"text": "Paris", "answer_start": answer_start}],
+                            },
                             {"id": "b", "question": "Size?", "answers": [{"text": "big", "answer_start": 9}]},
                         ],
                     }
                 ],
             }
         ],
-    }  # fmt: skip
+    }
 
 
 def test_plain_json_and_answer_not_in_context(tmp_path):
@@ -151,7 +163,9 @@ def test_plain_json_and_answer_not_in_context(tmp_path):
 
 
 def test_malformed_json_names_file_and_line(tmp_path):
-    (tmp_path / "dev-v1.1.json").write_text('{"data": [\n{"title": "x",\n "paragraphs": [}\n', encoding="utf-8")
+    (tmp_path / "dev-v1.1.json").write_text(
+        '{"data": [\n{"title": "x",\n "paragraphs": [}\n', encoding="utf-8"
+    )
     with pytest.raises(DataError, match=r"dev-v1\.1\.json:3: malformed JSON") as raised:
         load_examples(SQUAD, "dev", data_dir=str(tmp_path))
     assert "\n" not in str(raised.value)
@@ -173,7 +187,10 @@ def test_hub_schema(monkeypatch):
         "title": ["T", "T"],
         "context": ["Paris is big.", "Paris is big."],
         "question": ["What?", "Size?"],
-        "answers": [{"text": ["Paris", "Paris"], "answer_start": [0, 0]}, {"text": ["big"], "answer_start": [9]}],
+        "answers": [
+            {"text": ["Paris", "Paris"], "answer_start": [0, 0]},
+            {"text": ["big"], "answer_start": [9]},
+        ],
     }
     calls = []
 
