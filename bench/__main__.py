@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "comm": "bench.comm",
     "optim": "bench.optim",
     "trainer": "bench.trainer",
+    "finetune": "bench.finetune",
 }
 
 
