@@ -1,7 +1,8 @@
-"""`python -m finetune` — fine-tune a BERT checkpoint on SQuAD v1.1 or a GLUE task (Hydra).
+"""`python -m finetune` — fine-tune a BERT checkpoint on SQuAD v1.1/v2.0 or a GLUE task (Hydra).
 
     python -m finetune task=mrpc model_path=results/runs/<run>/checkpoints/step-00001000/hf
     python -m finetune task=squad model_path=<HF BERT folder> seeds=[1,2,3]
+    python -m finetune task=squad_v2 model_path=results/runs/<run> data_dir=null task.train_split=train
     python -m finetune task=rte model_path=<HF folder> task.init_from=<an MNLI fine-tune's model folder>
     python -m finetune -m task=cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli model_path=...   # all of GLUE
     torchrun --standalone --nproc-per-node 8 -m finetune task=squad model_path=...         # data parallel

@@ -6,6 +6,7 @@ cross-field checks raise ValueError naming the key. The runner converts the Dict
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,12 @@ from omegaconf import MISSING, OmegaConf
 import data.config  # noqa: F401 - registers the repo_root/shared_data resolvers
 from pretrain.config import Precision, WandbMode
 
+STEP_FOLDER = re.compile(r"step-\d+")  # pretrain.checkpoint's step-NNNNNNNN folders
+
 
 def run_name_of(model_path: str) -> str:
-    """The results folder name for a model: `<run>` for `.../<run>/checkpoints/step-N/hf`, else the
-    folder's own name (its parent's for a bare `hf/`)."""
+    """The results folder name for a model: `<run>` for `.../<run>/checkpoints/step-N/hf` and for a
+    run folder `.../<run>`, else the folder's own name (its parent's for a bare `hf/`)."""
     path = Path(str(model_path)).expanduser()
     parts = path.parts
     if "checkpoints" in parts:
@@ -31,8 +34,29 @@ def run_name_of(model_path: str) -> str:
     return path.name or "model"
 
 
+def checkpoint_tag_of(model_path: str) -> str:
+    """The checkpoint's folder under `<run>/finetune/`: `step-NNNNNNNN` for our checkpoints
+    (`.../checkpoints/step-N[/hf]`; a pretraining run folder stands for its newest complete
+    checkpoint, as in `finetune.runner.check_model_folder`), `final` for any other model folder
+    (and for a run folder without a complete checkpoint, which the runner then rejects)."""
+    path = Path(str(model_path)).expanduser()
+    if path.name == "hf":
+        path = path.parent
+    if path.parent.name == "checkpoints" and STEP_FOLDER.fullmatch(path.name):
+        return path.name
+    if not (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        from pretrain.checkpoint import latest_checkpoint  # lazily: imports torch
+
+        newest = latest_checkpoint(path / "checkpoints")
+        if newest is not None:
+            return newest.name
+    return "final"
+
+
 if not OmegaConf.has_resolver("finetune_run"):
     OmegaConf.register_new_resolver("finetune_run", run_name_of)
+if not OmegaConf.has_resolver("finetune_checkpoint"):
+    OmegaConf.register_new_resolver("finetune_checkpoint", checkpoint_tag_of)
 
 
 @dataclass
@@ -49,6 +73,9 @@ class TaskConfig:
     doc_stride: int = 128  # SQuAD only: overlap between the windows of a long context
     n_best: int = 20  # SQuAD only: candidate starts/ends considered per feature
     max_answer_length: int = 30  # SQuAD only: in tokens
+    # SQuAD v2.0 only: predict "" when the null ([CLS]) score exceeds the best span's by more than this
+    # (google-research/bert suggests tuning it on dev between -1 and -5; see best_f1_thresh)
+    null_score_diff_threshold: float = 0.0
     train_split: str = "train"
     eval_splits: list[str] | None = None  # null: the task spec's (MNLI: matched and mismatched)
     # SQuAD with train_split=dev (no local train set): train on the first train_fraction of dev's
@@ -89,7 +116,9 @@ class TaskConfig:
 class FinetuneWandbConfig:
     mode: WandbMode = WandbMode.auto
     project: str = "bert-lamb"
-    group: str | None = None  # the pretraining run's group (its batch recipe name) to join its curves
+    # null: the pretraining run's group (pretraining_state.json of our checkpoints' hf/ exports), else
+    # the pretraining run's name (run_name), so fine-tunes sit beside the pretraining curves
+    group: str | None = None
     tags: list[str] = field(default_factory=list)
 
 
@@ -99,6 +128,7 @@ class FinetuneConfig:
     model_path: str = MISSING  # an HF folder: `<run>/checkpoints/step-N/hf` or any BERT checkpoint
     data_dir: str | None = None  # local data root (layout of ../shared/data); null = the HF hub
     run_name: str = MISSING
+    checkpoint: str = MISSING  # the checkpoint's tag (step-NNNNNNNN or final): a level of output_dir
     output_dir: str = MISSING
     seeds: list[int] = field(default_factory=lambda: [42])
     precision: Precision = Precision.auto

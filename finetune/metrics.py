@@ -1,4 +1,4 @@
-"""Evaluation metrics: GLUE (scikit-learn / scipy) and SQuAD v1.1 (the official definition)."""
+"""Evaluation metrics: GLUE (scikit-learn / scipy) and SQuAD v1.1 and v2.0 (the official definitions)."""
 
 from __future__ import annotations
 
@@ -90,9 +90,90 @@ def squad_v1_metrics(predictions: Mapping[str, str], examples: Iterable[Any]) ->
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
 
 
-def write_squad_predictions(path: str | Path, predictions: Mapping[str, str]) -> Path:
-    """Write `{qid: answer_text}` as JSON (the official `predictions.json` format) atomically: a
-    temporary file in the same folder, then a rename, so a reader never sees a partial file."""
+def squad_v2_f1(prediction: str, ground_truth: str) -> float:
+    """SQuAD v2.0 token F1: as `f1_score_tokens`, except that when either side normalizes to no
+    tokens the score is 1 if both do and 0 otherwise (a correct "no answer" scores 1)."""
+    prediction_tokens = normalize_answer(prediction).split()
+    ground_truth_tokens = normalize_answer(ground_truth).split()
+    if not prediction_tokens or not ground_truth_tokens:
+        return float(prediction_tokens == ground_truth_tokens)
+    return f1_score_tokens(prediction, ground_truth)
+
+
+def squad_v2_metrics(
+    predictions: Mapping[str, str],
+    examples: Iterable[Any],
+    null_score_diffs: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """The official SQuAD v2.0 evaluation (evaluate-v2.0.py) of `predictions` ({qid: text, "" = no
+    answer}) over `examples` (objects with `qid` and `answers`, [] for an unanswerable question).
+
+    Gold answers are those that normalize to something, or [""] when none does; each question
+    scores its best gold answer. -> percentages `exact`, `f1` and the count `total`;
+    `HasAns_exact`/`HasAns_f1`/`HasAns_total` over the answerable questions and
+    `NoAns_exact`/`NoAns_f1`/`NoAns_total` over the unanswerable ones, each group present only if
+    it is non-empty (as in the official script). With `null_score_diffs` (the script's na_probs:
+    higher = more likely unanswerable) also `best_exact`/`best_f1`: the scores had "" been
+    predicted for every question whose value exceeds the best threshold, and those thresholds
+    (`best_exact_thresh`, `best_f1_thresh`). A question missing from `predictions` scores as "".
+    """
+    exact: dict[str, float] = {}
+    f1: dict[str, float] = {}
+    has_answer: dict[str, bool] = {}
+    for example in examples:
+        has_answer[example.qid] = bool(example.answers)
+        gold = [a["text"] for a in example.answers if normalize_answer(a["text"])] or [""]
+        prediction = predictions.get(example.qid, "")
+        exact[example.qid] = max(exact_match_score(prediction, truth) for truth in gold)
+        f1[example.qid] = max(squad_v2_f1(prediction, truth) for truth in gold)
+    if not has_answer:
+        raise ValueError("squad_v2_metrics: no examples")
+
+    def percent(scores: Mapping[str, float], qids: list[str]) -> float:
+        return 100.0 * sum(scores[qid] for qid in qids) / len(qids)
+
+    every = list(has_answer)
+    result = {"exact": percent(exact, every), "f1": percent(f1, every), "total": float(len(every))}
+    for prefix, qids in (
+        ("HasAns", [qid for qid in every if has_answer[qid]]),
+        ("NoAns", [qid for qid in every if not has_answer[qid]]),
+    ):
+        if qids:
+            result[f"{prefix}_exact"] = percent(exact, qids)
+            result[f"{prefix}_f1"] = percent(f1, qids)
+            result[f"{prefix}_total"] = float(len(qids))
+    if null_score_diffs is not None:
+        for name, scores in (("exact", exact), ("f1", f1)):
+            best, threshold = _best_null_threshold(predictions, scores, null_score_diffs, has_answer)
+            result[f"best_{name}"], result[f"best_{name}_thresh"] = best, threshold
+    return result
+
+
+def _best_null_threshold(
+    predictions: Mapping[str, str],
+    scores: Mapping[str, float],
+    null_score_diffs: Mapping[str, float],
+    has_answer: Mapping[str, bool],
+) -> tuple[float, float]:
+    """evaluate-v2.0.py's find_best_thresh: start from "no answer" everywhere (every unanswerable
+    question right), then give questions their predictions in increasing `null_score_diffs` order;
+    -> (best score in percent, the value at which it was reached; 0.0 if never improved)."""
+    score = best_score = float(sum(not answerable for answerable in has_answer.values()))
+    best_threshold = 0.0
+    for qid in sorted(has_answer, key=lambda qid: null_score_diffs[qid]):
+        if has_answer[qid]:
+            score += scores[qid]
+        elif predictions.get(qid, ""):
+            score -= 1.0
+        if score > best_score:
+            best_score, best_threshold = score, float(null_score_diffs[qid])
+    return 100.0 * best_score / len(has_answer), best_threshold
+
+
+def write_squad_predictions(path: str | Path, predictions: Mapping[str, str | float]) -> Path:
+    """Write `{qid: answer_text}` as JSON (the official `predictions.json` format; also v2.0's
+    `{qid: null score difference}` na-prob file) atomically: a temporary file in the same folder,
+    then a rename, so a reader never sees a partial file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

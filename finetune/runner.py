@@ -4,9 +4,12 @@
 
 Per seed: a fresh model from `model_path` (or `task.init_from`), AdamW with linear warmup/decay,
 data parallel under torchrun (DistributedSampler + DDP; gloo on CPU), evaluation with the task's
-metrics after every epoch on rank 0. Outputs in `output_dir`: `metrics.jsonl` (every log step and
-evaluation, all seeds), `predictions.json` (SQuAD, last seed, official format: id -> answer text) and
-`all_results.json` (per-seed final metrics, mean / std / median over seeds, skipped rows).
+metrics after every epoch on rank 0. Outputs in `output_dir` (by default
+`results/runs/<run>/finetune/<checkpoint>/<task>`): `metrics.jsonl` (every log step and evaluation,
+all seeds), `predictions.json` (SQuAD, last seed, official format: id -> answer text, "" = no answer),
+`null_odds.json` (SQuAD v2.0: id -> null score − best span score, the official script's na-prob
+file) and `all_results.json` (per-seed final metrics, mean / std / median over seeds, skipped rows,
+and the pretraining run, checkpoint and samples seen the model comes from).
 """
 
 from __future__ import annotations
@@ -33,7 +36,15 @@ from tqdm import tqdm
 from finetune.config import FinetuneConfig
 from pretrain.config import Precision
 from pretrain.distributed import DistributedEnv, autocast_context
-from pretrain.metrics import ConsoleLogger, FanoutLogger, JsonlLogger, MetricsLogger, NullLogger, WandbLogger
+from pretrain.metrics import (
+    ConsoleLogger,
+    FanoutLogger,
+    JsonlLogger,
+    MetricsLogger,
+    NullLogger,
+    WandbLogger,
+    scrub_secrets,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -262,17 +273,46 @@ def load_model(weights: Path, spec: Any, *, reinit_mismatched: bool) -> PreTrain
     )
 
 
-def read_pretraining_samples_seen(model_path: Path) -> int | None:
-    """`samples_seen` from `<model_path>/pretraining_state.json` (our checkpoints' HF exports), else None."""
+@dataclass(frozen=True)
+class PretrainingInfo:
+    """Where a model comes from, for the results and W&B: the pretraining run's name and W&B group
+    (None for a model that is not one of our checkpoints, or an export that predates the key), and
+    the samples the checkpoint had seen."""
+
+    run: str | None = None
+    wandb_group: str | None = None
+    samples_seen: int | None = None
+    optimizer: str | None = None  # the pretraining optimizer and global batch: W&B groups by them
+    global_batch: int | None = None
+
+
+def read_pretraining_info(model_path: Path) -> PretrainingInfo:
+    """From `<model_path>/pretraining_state.json` (our checkpoints' HF exports: the trainer's state plus
+    `run_name` and `wandb_group`); the run's name also from a `<run>/checkpoints/step-N/hf` path."""
+    from finetune.config import STEP_FOLDER, run_name_of
+
+    state: dict[str, Any] = {}
     state_file = model_path / PRETRAINING_STATE_FILE
-    if not state_file.is_file():
-        return None
-    try:
-        value = json.loads(state_file.read_text()).get("samples_seen")
-    except (json.JSONDecodeError, AttributeError):
-        log.warning("%s is not a JSON object; pretraining_samples_seen unknown", state_file)
-        return None
-    return int(value) if value is not None else None
+    if state_file.is_file():
+        try:
+            loaded = json.loads(state_file.read_text())
+        except json.JSONDecodeError:
+            loaded = None
+        if isinstance(loaded, dict):
+            state = loaded
+        else:
+            log.warning("%s is not a JSON object; the pretraining run is unknown", state_file)
+    checkpoint = model_path.parent if model_path.name == "hf" else model_path
+    in_run_folder = checkpoint.parent.name == "checkpoints" and STEP_FOLDER.fullmatch(checkpoint.name)
+    run = state.get("run_name") or (run_name_of(str(model_path)) if in_run_folder else None)
+    samples_seen = state.get("samples_seen")
+    return PretrainingInfo(
+        run=str(run) if run is not None else None,
+        wandb_group=state.get("wandb_group"),
+        samples_seen=int(samples_seen) if samples_seen is not None else None,
+        optimizer=state.get("optimizer"),
+        global_batch=state.get("global_batch"),
+    )
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
@@ -307,25 +347,41 @@ def predict(model, features, batch_size: int, collator: Collator, device, precis
     return [np.concatenate([o[i] for o in outputs]) for i in range(len(outputs[0]))]
 
 
-def evaluate(model, eval_set: EvalSet, spec, cfg: FinetuneConfig, collator, device, precision) -> tuple:
-    """-> (metrics, SQuAD predictions or None)."""
-    from finetune.metrics import glue_metrics, squad_v1_metrics
-    from finetune.tasks import postprocess_squad
+def evaluate(
+    model, eval_set: EvalSet, spec, cfg: FinetuneConfig, collator, device, precision
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """-> (metrics, the split's output files by name: SQuAD's `predictions.json`, v2.0's
+    `null_odds.json`; none for GLUE)."""
+    from finetune.metrics import glue_metrics, squad_v1_metrics, squad_v2_metrics
+    from finetune.tasks import postprocess_squad, postprocess_squad_v2
 
     heads = predict(model, eval_set.features, cfg.task.batch_size, collator, device, precision)
+    task = cfg.task
+    if spec.kind == "span" and spec.has_unanswerable:
+        predictions, null_odds = postprocess_squad_v2(
+            eval_set.examples,
+            eval_set.features,
+            heads[0],
+            heads[1],
+            n_best=task.n_best,
+            max_answer_length=task.max_answer_length,
+            null_score_diff_threshold=task.null_score_diff_threshold,
+        )
+        metrics = squad_v2_metrics(predictions, eval_set.examples, null_odds)
+        return metrics, {"predictions.json": predictions, "null_odds.json": null_odds}
     if spec.kind == "span":
         predictions = postprocess_squad(
             eval_set.examples,
             eval_set.features,
             heads[0],
             heads[1],
-            n_best=cfg.task.n_best,
-            max_answer_length=cfg.task.max_answer_length,
+            n_best=task.n_best,
+            max_answer_length=task.max_answer_length,
         )
-        return dict(squad_v1_metrics(predictions, eval_set.examples)), predictions
+        return dict(squad_v1_metrics(predictions, eval_set.examples)), {"predictions.json": predictions}
     logits = heads[0]
     predicted = logits[:, 0] if spec.kind == "regression" else logits.argmax(axis=-1)
-    return dict(glue_metrics(spec.name, predicted.tolist(), eval_set.features["labels"])), None
+    return dict(glue_metrics(spec.name, predicted.tolist(), eval_set.features["labels"])), {}
 
 
 # -- the loop --------------------------------------------------------------------------------------------
@@ -335,31 +391,46 @@ def _precision(cfg: FinetuneConfig, device: torch.device) -> str:
     return cfg.precision.value
 
 
+def wandb_group(cfg: FinetuneConfig, pretraining: PretrainingInfo) -> str:
+    """`wandb.group` if set, else the pretraining run's group, else its name (the run name for a model
+    that is not one of our checkpoints): fine-tunes of a run's checkpoints land beside it."""
+    return cfg.wandb.group or pretraining.wandb_group or pretraining.run or cfg.run_name
+
+
+def wandb_init_kwargs(cfg: FinetuneConfig, seed: int, pretraining: PretrainingInfo) -> dict[str, Any]:
+    """The keyword arguments of `WandbLogger` (so of `wandb.init`) for one seed's run."""
+    tags = [*cfg.wandb.tags, "finetune", cfg.task.name, f"seed-{seed}", f"checkpoint-{cfg.checkpoint}"]
+    if pretraining.samples_seen is not None:
+        tags.append(f"pretraining_samples_seen={pretraining.samples_seen}")
+    config = dict(OmegaConf.to_container(OmegaConf.structured(cfg)))  # type: ignore[arg-type]
+    config.update(
+        seed=seed,
+        pretraining_samples_seen=pretraining.samples_seen,
+        pretraining_run=pretraining.run,
+        optimizer=pretraining.optimizer,
+        global_batch=pretraining.global_batch,
+    )
+    return {
+        "project": cfg.wandb.project,
+        "group": wandb_group(cfg, pretraining),
+        "name": f"{cfg.run_name}-{cfg.checkpoint}-{cfg.task.name}-seed{seed}",
+        "tags": tags,
+        "mode": cfg.wandb.mode.value,
+        "config": config,
+        "directory": cfg.output_dir,
+        "job_type": "finetune",
+    }
+
+
 def _build_logger(
-    cfg: FinetuneConfig, env: DistributedEnv, seed: int, samples_seen: int | None
+    cfg: FinetuneConfig, env: DistributedEnv, seed: int, pretraining: PretrainingInfo
 ) -> MetricsLogger:
     if not env.is_main:
         return NullLogger()
     # the console shows training records only; evaluations are printed above the progress bar
     loggers: list[MetricsLogger] = [JsonlLogger(Path(cfg.output_dir) / "metrics.jsonl")]
     if cfg.wandb.mode.value != "disabled":
-        tags = [*cfg.wandb.tags, "finetune", cfg.task.name, f"seed-{seed}"]
-        if samples_seen is not None:
-            tags.append(f"pretraining_samples_seen={samples_seen}")
-        config = dict(OmegaConf.to_container(OmegaConf.structured(cfg)))  # type: ignore[arg-type]
-        config.update(seed=seed, pretraining_samples_seen=samples_seen)
-        loggers.append(
-            WandbLogger(
-                project=cfg.wandb.project,
-                group=cfg.wandb.group,
-                name=f"{cfg.run_name}-{cfg.task.name}-seed{seed}",
-                tags=tags,
-                mode=cfg.wandb.mode.value,
-                config=config,
-                directory=cfg.output_dir,
-                job_type="finetune",
-            )
-        )
+        loggers.append(WandbLogger(**wandb_init_kwargs(cfg, seed, pretraining)))
     return FanoutLogger(*loggers)
 
 
@@ -374,12 +445,12 @@ def train_one_seed(
     data: TaskData,
     tokenizer: Any,
     seed: int,
-    samples_seen: int | None,
+    pretraining: PretrainingInfo,
     model_path: Path,
     save_to: Path | None = None,
-) -> tuple[dict[str, float], dict[str, str] | None]:
+) -> tuple[dict[str, float], dict[str, Any]]:
     """Fine-tune one fresh model with `seed` from `model_path` (resolved, see `check_model_folder`) or
-    `task.init_from`. -> (final metrics, SQuAD predictions of the first eval split).
+    `task.init_from`. -> (final metrics, the first eval split's output files by name, see `evaluate`).
 
     Collective: every rank calls it. Metrics are computed on rank 0 (other ranks get {}); `save_to`
     (rank 0 only) receives the fine-tuned model and tokenizer as an HF folder."""
@@ -422,7 +493,8 @@ def train_one_seed(
         optimizer, math.ceil(task.warmup_ratio * total_steps), total_steps
     )
 
-    logger = _build_logger(cfg, env, seed, samples_seen)
+    logger = _build_logger(cfg, env, seed, pretraining)
+    samples_seen = pretraining.samples_seen
     console: MetricsLogger = ConsoleLogger(("loss", "lr")) if env.is_main else NullLogger()
     bar = tqdm(
         total=total_steps,
@@ -432,7 +504,7 @@ def train_one_seed(
     )
     single = len(data.evals) == 1
     final: dict[str, float] = {}
-    predictions: dict[str, str] | None = None
+    files: dict[str, Any] = {}
     step = 0
     try:
         for epoch in range(task.epochs):
@@ -460,12 +532,12 @@ def train_one_seed(
                 if env.is_main:
                     final = {}
                     for index, eval_set in enumerate(data.evals):
-                        metrics, split_predictions = evaluate(
+                        metrics, split_files = evaluate(
                             model, eval_set, spec, cfg, collator, device, precision
                         )
                         final.update(_prefixed(metrics, eval_set.split, single))
                         if index == 0:
-                            predictions = split_predictions
+                            files = split_files
                     record = {f"eval/{k}": v for k, v in final.items()}
                     record.update(epoch=epoch + 1, seed=seed)
                     if samples_seen is not None:
@@ -480,7 +552,7 @@ def train_one_seed(
     finally:
         bar.close()
         logger.close()
-    return final, predictions
+    return final, files
 
 
 def _format(metrics: Mapping[str, float]) -> str:
@@ -532,7 +604,9 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
     spec = TASKS[cfg.task.name]
     model_path = check_model_folder(cfg.model_path)
     tokenizer = load_tokenizer(model_path)
-    samples_seen = read_pretraining_samples_seen(model_path)
+    pretraining = read_pretraining_info(model_path)
+    if not spec.has_unanswerable and cfg.task.null_score_diff_threshold != 0.0:
+        log.warning("task.null_score_diff_threshold is ignored: %s has no unanswerable questions", spec.name)
     data = load_task_data(cfg, spec, tokenizer)
     output_dir = Path(cfg.output_dir)
     if env.is_main:
@@ -543,14 +617,15 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
     per_seed: dict[int, dict[str, float]] = {}
     for index, seed in enumerate(cfg.seeds):
         save_to = output_dir / "model" if cfg.save_model and index == 0 and env.is_main else None
-        metrics, predictions = train_one_seed(
-            cfg, spec, env, data, tokenizer, seed, samples_seen, model_path, save_to
+        metrics, files = train_one_seed(
+            cfg, spec, env, data, tokenizer, seed, pretraining, model_path, save_to
         )
         per_seed[seed] = metrics
-        if env.is_main and predictions is not None:
+        if env.is_main:
             from finetune.metrics import write_squad_predictions
 
-            write_squad_predictions(output_dir / "predictions.json", predictions)
+            for name, payload in files.items():
+                write_squad_predictions(output_dir / name, payload)
 
     results: dict[str, Any] = {
         "task": spec.name,
@@ -561,7 +636,11 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
         else f"{data.evals[0].split}_{spec.main_metric}",
         "model_path": str(model_path),
         "init_from": cfg.task.init_from,
-        "pretraining_samples_seen": samples_seen,
+        # issue #6's comparison finds a fine-tune's place on the sample-to-accuracy curve by these
+        "pretraining_run": pretraining.run,
+        "checkpoint": cfg.checkpoint,
+        "pretraining_samples_seen": pretraining.samples_seen,
+        "wandb_group": scrub_secrets(wandb_group(cfg, pretraining)),
         "data": {
             "source": cfg.data_dir or "hub",
             "train_split": cfg.task.train_split,
@@ -575,7 +654,7 @@ def run_finetune(cfg: FinetuneConfig, env: DistributedEnv) -> dict[str, Any]:
         "per_seed": {str(seed): metrics for seed, metrics in per_seed.items()},
         "summary": summarize(per_seed) if env.is_main else {},
         "world_size": env.world_size,
-        "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+        "config": scrub_secrets(OmegaConf.to_container(OmegaConf.structured(cfg))),
     }
     if env.is_main:
         write_json_atomic(output_dir / "all_results.json", results)

@@ -9,7 +9,12 @@ from __future__ import annotations
 from finetune.tasks.glue import GlueExample, encode_glue
 from finetune.tasks.glue import load_examples as load_glue_examples
 from finetune.tasks.spec import TaskSpec
-from finetune.tasks.squad import SquadExample, postprocess_squad, prepare_squad_features
+from finetune.tasks.squad import (
+    SquadExample,
+    postprocess_squad,
+    postprocess_squad_v2,
+    prepare_squad_features,
+)
 from finetune.tasks.squad import load_examples as load_squad_examples
 
 
@@ -70,6 +75,18 @@ TASKS: dict[str, TaskSpec] = {
         hub=("rajpurkar/squad", None),
         eval_splits=("dev",),
         main_metric="exact_match",
+        squad_version="1.1",
+    ),
+    # SQuAD v2.0: v1.1's questions plus unanswerable ones; the official v2.0 metric names
+    "squad_v2": TaskSpec(
+        name="squad_v2",
+        kind="span",
+        num_labels=0,
+        glue_dir=None,
+        hub=("rajpurkar/squad_v2", None),
+        eval_splits=("dev",),
+        main_metric="exact",
+        squad_version="2.0",
     ),
 }
 
@@ -95,5 +112,6 @@ __all__ = [
     "encode_glue",
     "load_examples",
     "postprocess_squad",
+    "postprocess_squad_v2",
     "prepare_squad_features",
 ]

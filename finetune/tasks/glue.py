@@ -6,6 +6,7 @@ unbalanced `"` characters that a CSV reader would treat as the start of a multi-
 
 from __future__ import annotations
 
+import codecs
 import collections
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,23 @@ def load_examples(
 
 
 def _read_tsv(
+    task: TaskSpec, path: Path, max_examples: int | None
+) -> tuple[list[GlueExample], dict[str, int]]:
+    try:
+        return _read_tsv_lines(task, path, max_examples)
+    except UnicodeDecodeError:
+        raw = path.read_bytes()
+        bom = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+        try:
+            raw[bom:].decode("utf-8")
+            position = len(raw)
+        except UnicodeDecodeError as error:
+            position = bom + error.start
+        line = raw[:position].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {position})") from None
+
+
+def _read_tsv_lines(
     task: TaskSpec, path: Path, max_examples: int | None
 ) -> tuple[list[GlueExample], dict[str, int]]:
     layout = _layout(task)

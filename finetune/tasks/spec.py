@@ -15,6 +15,9 @@ class TaskSpec:
     `(path, config)` pair for `datasets.load_dataset`. `eval_splits` are local split names
     ("dev", or "dev_matched"/"dev_mismatched" for MNLI). `label_names[i]` is the name of class id
     `i` (empty for regression and span tasks); the runner can use it for the model's `id2label`.
+    `squad_version` ("1.1" or "2.0", span tasks only) names the local file
+    (`<split>-v<version>.json`) and, for "2.0", keeps unanswerable questions (labelled at [CLS]) and
+    scores with the null answer and the official v2.0 metrics.
     """
 
     name: str
@@ -25,6 +28,12 @@ class TaskSpec:
     eval_splits: tuple[str, ...]
     main_metric: str
     label_names: tuple[str, ...] = ()
+    squad_version: str | None = None
+
+    @property
+    def has_unanswerable(self) -> bool:
+        """SQuAD v2.0: questions may have no answer (predicted as "")."""
+        return self.squad_version == "2.0"
 
     def __post_init__(self) -> None:
         if self.kind not in ("classification", "regression", "span"):
@@ -33,3 +42,9 @@ class TaskSpec:
             )
         if self.kind == "classification" and len(self.label_names) != self.num_labels:
             raise ValueError(f"task {self.name}: {self.num_labels} labels but names {self.label_names}")
+        if (self.kind == "span") != (self.squad_version is not None) or self.squad_version not in (
+            None,
+            "1.1",
+            "2.0",
+        ):
+            raise ValueError(f"task {self.name}: squad_version {self.squad_version!r} for kind {self.kind}")

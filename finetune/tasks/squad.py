@@ -1,11 +1,13 @@
-"""SQuAD v1.1: examples from the official JSON (local, optionally gzipped) or the hub, feature
-creation with a document stride, and n-best span post-processing."""
+"""SQuAD v1.1 and v2.0: examples from the official JSON (local, optionally gzipped) or the hub,
+feature creation with a document stride, and n-best span post-processing (v2.0: against the null
+answer at [CLS])."""
 
 from __future__ import annotations
 
 import collections
 import gzip
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ _HUB_SPLITS = {"train": "train", "dev": "validation"}
 @dataclass(frozen=True)
 class SquadExample:
     """One question. `answers` are `{"text": str, "answer_start": int}` (character offset into
-    `context`); training uses the first, evaluation takes the best over all."""
+    `context`); training uses the first, evaluation takes the best over all. Empty for an
+    unanswerable (SQuAD v2.0) question."""
 
     qid: str
     question: str
@@ -30,9 +33,9 @@ class SquadExample:
     title: str = ""
 
 
-def squad_file(data_dir: str | Path, split: str) -> Path:
-    """`<data_dir>/<split>-v1.1.json`, or the `.json.gz` beside it when only that exists."""
-    plain = Path(data_dir) / f"{split}-v1.1.json"
+def squad_file(data_dir: str | Path, split: str, version: str = "1.1") -> Path:
+    """`<data_dir>/<split>-v<version>.json`, or the `.json.gz` beside it when only that exists."""
+    plain = Path(data_dir) / f"{split}-v{version}.json"
     gzipped = plain.with_name(plain.name + ".gz")
     if plain.is_file() or not gzipped.is_file():
         return plain
@@ -44,16 +47,18 @@ def load_examples(
 ) -> tuple[list[SquadExample], dict[str, int]]:
     """The first `max_examples` (all if None) questions of `split` ("train" or "dev") and skips.
 
-    With `data_dir`, reads `squad_file(data_dir, split)`; otherwise `datasets.load_dataset(*task.hub)`
-    ("dev" → "validation"). Malformed JSON or a missing key raises `DataError` naming the file and
-    the line or key path. An answer whose text is not at `answer_start` in its context is skipped
-    (counted as `answer_not_in_context`) when `split == "train"`, where it would teach a wrong span,
-    and kept otherwise, because evaluation compares text only.
+    With `data_dir`, reads `squad_file(data_dir, split, task.squad_version)`; otherwise
+    `datasets.load_dataset(*task.hub)` ("dev" → "validation"). Malformed JSON or a missing key raises
+    `DataError` naming the file and the line or key path. An answer whose text is not at
+    `answer_start` in its context is skipped (counted as `answer_not_in_context`) when
+    `split == "train"`, where it would teach a wrong span, and kept otherwise, because evaluation
+    compares text only. A question without answers (`is_impossible` in v2.0 files) is kept with
+    `answers == []` for v2.0 and, in a v1.1 train split, skipped as `no_answer`.
     """
     if data_dir is None:
         records = _hub_records(task, split)
     else:
-        path = squad_file(data_dir, split)
+        path = squad_file(data_dir, split, task.squad_version or "1.1")
         records = _json_records(path)
     training = split == "train"
     skips: collections.Counter[str] = collections.Counter()
@@ -62,10 +67,10 @@ def load_examples(
         if max_examples is not None and len(examples) >= max_examples:
             break
         answers, context = record["answers"], record["context"]
-        if training and not answers:
+        if training and not answers and not task.has_unanswerable:
             skips["no_answer"] += 1
             continue
-        if training and not _answer_in_context(answers[0], context):
+        if training and answers and not _answer_in_context(answers[0], context):
             skips["answer_not_in_context"] += 1
             continue
         examples.append(SquadExample(record["id"], record["question"], context, answers, record["title"]))
@@ -109,6 +114,12 @@ def _json_records(path: Path):
             for question_index, question in enumerate(need(paragraph, "qas", paragraph_path, list)):
                 question_path = f"{paragraph_path}.qas[{question_index}]"
                 answers = []
+                # v2.0: an unanswerable question has `is_impossible: true` and no answers (its
+                # `plausible_answers` are distractors, never gold)
+                if isinstance(question, dict) and "is_impossible" in question:
+                    impossible = need(question, "is_impossible", question_path, bool)
+                else:
+                    impossible = False
                 for answer_index, answer in enumerate(need(question, "answers", question_path, list)):
                     answer_path = f"{question_path}.answers[{answer_index}]"
                     answers.append(
@@ -117,6 +128,8 @@ def _json_records(path: Path):
                             "answer_start": need(answer, "answer_start", answer_path, int),
                         }
                     )
+                if impossible and answers:
+                    raise DataError(f"{path}: {question_path} has is_impossible=true and answers")
                 yield {
                     "id": need(question, "id", question_path, str),
                     "title": title,
@@ -245,6 +258,54 @@ def postprocess_squad(
     The highest start+end logit over all windows of a question wins; its text is the context
     slice between the tokens' character offsets. A question with no valid span gets "".
     """
+    best, _ = _search_spans(examples, features, start_logits, end_logits, n_best, max_answer_length)
+    return {example.qid: best[example.qid][1] if example.qid in best else "" for example in examples}
+
+
+def postprocess_squad_v2(
+    examples: list[SquadExample],
+    features: dict[str, list],
+    start_logits: Any,
+    end_logits: Any,
+    *,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    null_score_diff_threshold: float = 0.0,
+) -> tuple[dict[str, str], dict[str, float]]:
+    """SQuAD v2.0 answers: the best span (as `postprocess_squad`) or "" for no answer.
+
+    The null score of a question is the smallest [CLS] start+end logit (token 0) over its windows
+    (google-research/bert run_squad.py). The question gets "" when null score − best span score >
+    `null_score_diff_threshold`, or when no window has a valid span.
+
+    -> (`{qid: answer text or ""}`, `{qid: null score − best span score}`); the second is the
+    official evaluation script's `--na-prob-file` (higher = more likely unanswerable; +inf without
+    a valid span), from which it derives `best_exact`/`best_f1` and their thresholds.
+    """
+    best, null_scores = _search_spans(examples, features, start_logits, end_logits, n_best, max_answer_length)
+    predictions: dict[str, str] = {}
+    null_score_diffs: dict[str, float] = {}
+    for example in examples:
+        qid = example.qid
+        if qid not in best:
+            predictions[qid], null_score_diffs[qid] = "", math.inf
+            continue
+        score, text = best[qid]
+        null_score_diffs[qid] = null_scores[qid] - score
+        predictions[qid] = "" if null_score_diffs[qid] > null_score_diff_threshold else text
+    return predictions, null_score_diffs
+
+
+def _search_spans(
+    examples: list[SquadExample],
+    features: dict[str, list],
+    start_logits: Any,
+    end_logits: Any,
+    n_best: int,
+    max_answer_length: int,
+) -> tuple[dict[str, tuple[float, str]], dict[str, float]]:
+    """-> ({qid: (best span score, its text)} for questions with a valid span, {qid: the smallest
+    [CLS] start+end logit over the question's windows})."""
     start_logits = np.asarray(start_logits, dtype=np.float64)
     end_logits = np.asarray(end_logits, dtype=np.float64)
     num_features = len(features["example_id"])
@@ -253,11 +314,15 @@ def postprocess_squad(
             f"logits {start_logits.shape}/{end_logits.shape} do not match {num_features} features"
         )
     best: dict[str, tuple[float, str]] = {}
+    null_scores: dict[str, float] = {}
     context_of = {example.qid: example.context for example in examples}
     for feature_index in range(num_features):
         qid = features["example_id"][feature_index]
         offsets = features["offset_mapping"][feature_index]
         feature_start, feature_end = start_logits[feature_index], end_logits[feature_index]
+        # [CLS] is token 0: the tokenizer puts it first and pads on the right
+        null_score = float(feature_start[0] + feature_end[0])
+        null_scores[qid] = min(null_score, null_scores.get(qid, math.inf))
         num_tokens = min(len(offsets), feature_start.shape[0])
         # argsort is stable on the negated logits, so ties go to the earlier token
         start_candidates = np.argsort(-feature_start[:num_tokens], kind="stable")[:n_best]
@@ -274,4 +339,4 @@ def postprocess_squad(
                 if qid not in best or score > best[qid][0]:
                     text = context_of[qid][offsets[start_index][0] : offsets[end_index][1]]
                     best[qid] = (score, text)
-    return {example.qid: best[example.qid][1] if example.qid in best else "" for example in examples}
+    return best, null_scores

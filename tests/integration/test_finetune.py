@@ -1,5 +1,6 @@
-"""Tiny end-to-end fine-tunes (MRPC, STS-B, a SQuAD slice, 2-process MRPC) of a random tiny BERT on
-../shared/data, and the one-line error for a model folder that is not a BERT."""
+"""Tiny end-to-end fine-tunes (MRPC, STS-B, a SQuAD v1.1 slice, a SQuAD v2.0 slice, 2-process MRPC) of a
+random tiny BERT on ../shared/data, the output layout per checkpoint, the W&B group, and the one-line
+error for a model folder that is not a BERT."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from data.config import REPO_ROOT
+from tests.squad_v2_helpers import write_squad_v2
 
 QUIET = ["wandb.mode=disabled", "show_progress=false", "log_every=1"]
 
@@ -103,6 +105,8 @@ def test_mrpc_two_seeds(tiny_bert: Path, tmp_path: Path) -> None:
     assert written["per_seed"] == results["per_seed"]
     assert_summary(written, ["accuracy", "f1"], [1, 2])
     assert written["pretraining_samples_seen"] == 4096
+    # a foreign folder (no run_name in its pretraining_state.json, not under checkpoints/)
+    assert written["pretraining_run"] is None and written["checkpoint"] == "final"
     assert written["data"]["num_train_examples"] == 128
     assert written["data"]["num_eval_examples"] == {"dev": 64}
     assert written["main_metric"] == "f1"
@@ -175,6 +179,52 @@ def test_squad_slice_trains_on_part_of_dev(tiny_bert: Path, tmp_path: Path) -> N
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     assert len(predictions) == 32
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in predictions.items())
+
+
+def test_squad_v2_slice_with_unanswerable_questions(
+    tiny_bert: Path, tmp_path: Path, shared_data: Path
+) -> None:
+    """v2.0 from a v1.1 dev slice with every third question unanswerable: trains on them (labelled at
+    [CLS]), reports the official v2.0 metrics and writes predictions.json ("" = no answer) and
+    null_odds.json."""
+    impossible = write_squad_v2(shared_data, tmp_path / "squad", max_articles=6)
+    out = tmp_path / "out"
+    results = run_single(
+        [
+            "task=squad_v2",
+            f"model_path={tiny_bert}",
+            f"data_dir={tmp_path / 'squad'}",
+            f"output_dir={out}",
+            "task.epochs=1",
+            "task.batch_size=16",
+            "task.max_length=128",
+            "task.doc_stride=32",
+            "task.max_train_examples=48",
+            "task.max_eval_examples=45",
+            *QUIET,
+        ]
+    )
+    metrics = results["per_seed"]["42"]
+    assert results["main_metric"] == "exact" and results["skips"] == {"dev": {}}
+    assert results["data"]["num_train_examples"] == 48
+    predictions = json.loads((out / "predictions.json").read_text())
+    null_odds = json.loads((out / "null_odds.json").read_text())
+    assert len(predictions) == 45 and set(null_odds) == set(predictions)
+    no_answer = [qid for qid in predictions if qid in impossible]
+    num_no_answer, num_answer = len(no_answer), 45 - len(no_answer)
+    assert metrics["total"] == 45.0 and metrics["NoAns_total"] == num_no_answer >= 10
+    assert metrics["HasAns_total"] == num_answer >= 10
+    # an unanswerable question is right exactly when the prediction is "" (EM and F1 alike)
+    right = sum(predictions[qid] == "" for qid in no_answer)
+    assert metrics["NoAns_exact"] == metrics["NoAns_f1"] == pytest.approx(100 * right / num_no_answer)
+    assert metrics["exact"] == pytest.approx(
+        (num_answer * metrics["HasAns_exact"] + num_no_answer * metrics["NoAns_exact"]) / 45
+    )
+    # threshold 0: "" exactly where null score − best span score > 0
+    assert all((text == "") == (null_odds[qid] > 0) for qid, text in predictions.items())
+    assert metrics["best_f1"] >= metrics["f1"] - 1e-9 and metrics["best_exact"] >= metrics["exact"] - 1e-9
+    for name in ("best_exact_thresh", "best_f1_thresh"):
+        assert metrics[name] == 0.0 or metrics[name] in null_odds.values()
 
 
 def test_split_by_article_is_deterministic_and_disjoint() -> None:
@@ -267,7 +317,7 @@ def test_every_task_recipe_composes(task: str, shared_data: Path) -> None:
     assert cfg.task.name == task and task in TASKS
     expected = shared_data / ("glue_data" if task in GLUE_TASKS else "squad")
     assert Path(str(cfg.data_dir)) == expected
-    assert cfg.output_dir.endswith(f"results/runs/bert/finetune/{task}")
+    assert cfg.output_dir.endswith(f"results/runs/bert/finetune/final/{task}")
 
 
 def test_a_misspelt_key_fails_at_composition() -> None:
@@ -277,3 +327,108 @@ def test_a_misspelt_key_fails_at_composition() -> None:
         compose_config(["task=mrpc", "model_path=/m", "task.learning_rate=1e-4"])
     with pytest.raises(ValueError, match=r"task\.warmup_ratio"):
         compose_config(["task=mrpc", "model_path=/m", "task.warmup_ratio=1.5"])
+
+
+def _pretraining_run(tiny_bert: Path, root: Path, steps: dict[int, bool], state: dict | None = None) -> Path:
+    """A pretraining run folder with `checkpoints/step-N/hf` copies of `tiny_bert` ({step: complete})."""
+    import shutil
+
+    run = root / "runs" / "16k-onebit_lamb-bert_tiny"
+    for step, complete in steps.items():
+        checkpoint = run / "checkpoints" / f"step-{step:08d}"
+        shutil.copytree(tiny_bert, checkpoint / "hf")
+        if state is not None:
+            (checkpoint / "hf" / "pretraining_state.json").write_text(
+                json.dumps({**state, "global_step": step})
+            )
+        if complete:
+            (checkpoint / "COMPLETE").touch()
+    return run
+
+
+def test_output_folder_per_checkpoint(tiny_bert: Path, tmp_path: Path) -> None:
+    """Each checkpoint of a run gets its own folder: .../<run>/finetune/<step-N>/<task>; a run folder
+    means its newest complete checkpoint; other folders are `final`; output_dir= still wins."""
+    from finetune.config import checkpoint_tag_of
+
+    run = _pretraining_run(tiny_bert, tmp_path, {100: True, 200: True, 300: False})
+    runs = REPO_ROOT / "results" / "runs"
+    for model_path, tag in (
+        (run, "step-00000200"),
+        (run / "checkpoints" / "step-00000100" / "hf", "step-00000100"),
+        (run / "checkpoints" / "step-00000100", "step-00000100"),
+        (tiny_bert, "final"),
+    ):
+        assert checkpoint_tag_of(str(model_path)) == tag
+        cfg = compose_config(["task=rte", f"model_path={model_path}"])
+        expected_run = tiny_bert.name if model_path == tiny_bert else run.name
+        assert cfg.checkpoint == tag
+        assert Path(cfg.output_dir) == runs / expected_run / "finetune" / tag / "rte"
+    cfg = compose_config(["task=rte", f"model_path={run}", f"output_dir={tmp_path / 'mine'}"])
+    assert cfg.output_dir == str(tmp_path / "mine") and cfg.checkpoint == "step-00000200"
+    assert checkpoint_tag_of(str(tmp_path / "runs" / "empty")) == "final"
+
+
+def test_results_and_wandb_name_the_pretraining_run(tiny_bert: Path, tmp_path: Path) -> None:
+    """all_results.json carries the run, checkpoint and samples seen; W&B joins the run's group, read
+    from the export's pretraining_state.json, else the run's name; wandb.group= wins."""
+    from finetune.runner import PretrainingInfo, read_pretraining_info, wandb_init_kwargs
+
+    state = {
+        "samples_seen": 8192,
+        "run_name": "16k-onebit_lamb-bert_tiny",
+        "wandb_group": "16k",
+        "optimizer": "onebit_lamb",
+        "global_batch": 16384,
+    }
+    run = _pretraining_run(tiny_bert, tmp_path, {10: True, 20: True}, state)
+    out = tmp_path / "out"
+    results = run_single(
+        [
+            "task=rte",
+            f"model_path={run}",
+            f"output_dir={out}",
+            "task.epochs=1",
+            "task.batch_size=16",
+            "task.max_length=64",
+            "task.max_train_examples=16",
+            "task.max_eval_examples=16",
+            *QUIET,
+        ]
+    )
+    written = json.loads((out / "all_results.json").read_text())
+    assert written["per_seed"] == results["per_seed"] and written["model_path"].endswith("step-00000020/hf")
+    assert written["checkpoint"] == "step-00000020" and written["pretraining_run"] == run.name
+    assert written["pretraining_samples_seen"] == 8192 and written["wandb_group"] == "16k"
+
+    info = read_pretraining_info(run / "checkpoints" / "step-00000020" / "hf")
+    assert info == PretrainingInfo(
+        run=run.name, wandb_group="16k", samples_seen=8192, optimizer="onebit_lamb", global_batch=16384
+    )
+    cfg = compose_config(["task=rte", f"model_path={run}", "wandb.mode=offline", "wandb.tags=[sweep]"])
+    kwargs = wandb_init_kwargs(cfg, 7, info)
+    assert kwargs["group"] == "16k" and kwargs["mode"] == "offline" and kwargs["job_type"] == "finetune"
+    assert kwargs["tags"] == [
+        "sweep",
+        "finetune",
+        "rte",
+        "seed-7",
+        "checkpoint-step-00000020",
+        "pretraining_samples_seen=8192",
+    ]
+    assert kwargs["name"] == f"{run.name}-step-00000020-rte-seed7"
+    assert kwargs["config"]["pretraining_samples_seen"] == 8192 and kwargs["config"]["seed"] == 7
+    # the dashboard groups fine-tunes by the pretraining run's optimizer and global batch
+    assert kwargs["config"]["optimizer"] == "onebit_lamb" and kwargs["config"]["global_batch"] == 16384
+    assert kwargs["directory"] == cfg.output_dir
+    # an export that predates wandb_group: the run's name (from the path); a foreign folder: its name
+    old_export = run / "checkpoints" / "step-00000010" / "hf"
+    (old_export / "pretraining_state.json").write_text(json.dumps({"samples_seen": 4096}))
+    old = read_pretraining_info(old_export)
+    assert old == PretrainingInfo(run=run.name, wandb_group=None, samples_seen=4096)
+    assert wandb_init_kwargs(cfg, 7, old)["group"] == run.name
+    foreign_cfg = compose_config(["task=rte", f"model_path={tiny_bert}"])
+    foreign = read_pretraining_info(tiny_bert)
+    assert foreign.run is None and wandb_init_kwargs(foreign_cfg, 1, foreign)["group"] == tiny_bert.name
+    chosen = compose_config(["task=rte", f"model_path={run}", "wandb.group=mine"])
+    assert wandb_init_kwargs(chosen, 7, info)["group"] == "mine"

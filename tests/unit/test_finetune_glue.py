@@ -38,13 +38,16 @@ def tokenizer(shared_data):
 
 
 def test_registry_is_consistent():
-    assert set(TASKS) >= {"cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "squad"}
-    assert set(GLUE_TASKS) == set(TASKS) - {"squad"}
+    glue = {"cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"}
+    assert set(TASKS) == glue | {"squad", "squad_v2"}
+    assert set(GLUE_TASKS) == glue
     for name, spec in TASKS.items():
         assert spec.name == name
     assert TASKS["mnli"].eval_splits == ("dev_matched", "dev_mismatched")
     assert TASKS["stsb"].kind == "regression" and TASKS["stsb"].num_labels == 1
     assert TASKS["squad"].kind == "span" and TASKS["squad"].glue_dir is None
+    assert not TASKS["squad"].has_unanswerable and TASKS["squad_v2"].has_unanswerable
+    assert TASKS["squad_v2"].kind == "span" and TASKS["squad_v2"].hub == ("rajpurkar/squad_v2", None)
 
 
 @pytest.mark.parametrize(("task_name", "split"), sorted(REAL_COUNTS))

@@ -1,4 +1,4 @@
-"""GLUE and SQuAD v1.1 metrics against hand-computed values."""
+"""GLUE, SQuAD v1.1 and SQuAD v2.0 metrics against hand-computed values."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from finetune.metrics import (
     glue_metrics,
     normalize_answer,
     squad_v1_metrics,
+    squad_v2_f1,
+    squad_v2_metrics,
     write_squad_predictions,
 )
 from finetune.tasks import SquadExample
@@ -96,3 +98,70 @@ def test_write_squad_predictions_is_official_format(tmp_path):
     path = write_squad_predictions(tmp_path / "out" / "predictions.json", predictions)
     assert json.loads(path.read_text(encoding="utf-8")) == predictions
     assert [entry.name for entry in path.parent.iterdir()] == ["predictions.json"]  # no temp file left
+
+
+def test_squad_v2_f1_scores_empty_answers():
+    assert squad_v2_f1("", "") == 1.0 and f1_score_tokens("", "") == 0.0  # v2.0 differs from v1.1 here
+    assert squad_v2_f1("The.", "") == 1.0  # normalizes to nothing: a "no answer"
+    assert squad_v2_f1("", "Paris") == 0.0 and squad_v2_f1("Paris", "") == 0.0
+    assert squad_v2_f1("the cat sat", "a cat sat on the mat") == pytest.approx(2 / 3)
+
+
+def _answers(*texts: str) -> list[dict]:
+    return [{"text": text, "answer_start": 0} for text in texts]
+
+
+V2_EXAMPLES = [
+    SquadExample("q1", "?", "ctx", _answers("Paris", "the city of Paris")),
+    SquadExample("q2", "?", "ctx", _answers("blue whale")),
+    SquadExample("q3", "?", "ctx", []),
+    SquadExample("q4", "?", "ctx", []),
+    SquadExample("q5", "?", "ctx", _answers("The", "1990")),  # "The" normalizes to "": not a gold answer
+    SquadExample("q6", "?", "ctx", _answers("x")),
+]
+# q1 EM 1 F1 1; q2 "whale": EM 0, F1 2/3; q3 "" right: 1, 1; q4 answered: 0, 0; q5 "" against "1990"
+# (not against "The"): 0, 0; q6 missing: scored as "": 0, 0
+V2_PREDICTIONS = {"q1": "city of paris.", "q2": "whale", "q3": "", "q4": "somewhere", "q5": "", "x": "?"}
+
+
+def test_squad_v2_metrics_by_hand():
+    result = squad_v2_metrics(V2_PREDICTIONS, V2_EXAMPLES)
+    assert result == {
+        "exact": pytest.approx(100 * 2 / 6),
+        "f1": pytest.approx(100 * (1 + 2 / 3 + 1) / 6),
+        "total": 6.0,
+        "HasAns_exact": pytest.approx(100 * 1 / 4),
+        "HasAns_f1": pytest.approx(100 * (1 + 2 / 3) / 4),
+        "HasAns_total": 4.0,
+        "NoAns_exact": 50.0,
+        "NoAns_f1": 50.0,
+        "NoAns_total": 2.0,
+    }
+
+
+def test_squad_v2_best_thresholds_by_hand():
+    """Start with "no answer" everywhere (q3, q4 right: 2), then give questions their predictions in
+    increasing null-score-difference order: q1 (−3) +1 → 3, q2 (−1) +0 or +2/3, q5 (0.5) +0,
+    q4 (1) −1, q3 (2) 0, q6 (4) 0. Best EM 3/6 at −3, best F1 (3 + 2/3)/6 at −1."""
+    diffs = {"q1": -3.0, "q2": -1.0, "q3": 2.0, "q4": 1.0, "q5": 0.5, "q6": 4.0}
+    result = squad_v2_metrics(V2_PREDICTIONS, V2_EXAMPLES, diffs)
+    assert result["best_exact"] == pytest.approx(50.0) and result["best_exact_thresh"] == -3.0
+    assert result["best_f1"] == pytest.approx(100 * (3 + 2 / 3) / 6) and result["best_f1_thresh"] == -1.0
+    # never better than answering nothing: threshold 0.0, as in the official script
+    nothing = squad_v2_metrics({"q3": "x", "q4": "y"}, V2_EXAMPLES[2:4], {"q3": 1.0, "q4": 2.0})
+    assert nothing["best_exact"] == 100.0 and nothing["best_exact_thresh"] == 0.0
+    assert nothing["exact"] == 0.0
+
+
+def test_squad_v2_groups_only_when_present():
+    answerable_only = squad_v2_metrics({"q1": "Paris"}, V2_EXAMPLES[:1])
+    assert answerable_only == {
+        "exact": 100.0,
+        "f1": 100.0,
+        "total": 1.0,
+        "HasAns_exact": 100.0,
+        "HasAns_f1": 100.0,
+        "HasAns_total": 1.0,
+    }
+    with pytest.raises(ValueError, match="no examples"):
+        squad_v2_metrics({}, [])

@@ -1,21 +1,35 @@
-"""SQuAD v1.1: loading (real dev, bad input, hub schema), feature round trip, post-processing.
+"""SQuAD v1.1 and v2.0: loading (real dev, bad input, hub schema), feature round trip, post-processing
+(v2.0: unanswerable questions labelled at [CLS], the null-score decision).
 
-SQuAD train is not in the shared data, so "train" features are built from dev questions here.
+SQuAD train is not in the shared data, so "train" features are built from dev questions here; v2.0
+files are made from the v1.1 dev by marking questions unanswerable (tests/squad_v2_helpers.py).
 """
 
 from __future__ import annotations
 
+import collections
 import gzip
 import json
+import math
+import shutil
 
 import numpy as np
 import pytest
 
 from data.documents import DataError
 from finetune.metrics import normalize_answer, squad_v1_metrics
-from finetune.tasks import TASKS, SquadExample, load_examples, postprocess_squad, prepare_squad_features
+from finetune.tasks import (
+    TASKS,
+    SquadExample,
+    load_examples,
+    postprocess_squad,
+    postprocess_squad_v2,
+    prepare_squad_features,
+)
+from tests.squad_v2_helpers import write_squad_v2
 
 SQUAD = TASKS["squad"]
+SQUAD_V2 = TASKS["squad_v2"]
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +219,133 @@ def test_hub_schema(monkeypatch):
         "a", "What?", "Paris is big.", [{"text": "Paris", "answer_start": 0}] * 2, "T"
     )
     assert examples[1].answers == [{"text": "big", "answer_start": 9}] and skips == {}
+
+
+# -- SQuAD v2.0 -------------------------------------------------------------------------------------------
+def test_v2_file_keeps_unanswerable_questions(shared_data, tmp_path):
+    impossible = write_squad_v2(shared_data, tmp_path, max_articles=2, gzipped=True)
+    examples, skips = load_examples(SQUAD_V2, "dev", data_dir=str(tmp_path))
+    assert skips == {} and len(examples) > 3 * len(impossible) - 3 > 0
+    assert {e.qid for e in examples if not e.answers} == impossible  # plausible_answers are not gold
+    # as a train split too: unanswerable questions are kept for v2.0 (a v1.1 train split skips them)
+    (tmp_path / "dev-v2.0.json.gz").rename(tmp_path / "train-v2.0.json.gz")
+    train, train_skips = load_examples(SQUAD_V2, "train", data_dir=str(tmp_path))
+    assert len(train) == len(examples) and train_skips == {}
+    shutil.copy(tmp_path / "train-v2.0.json.gz", tmp_path / "train-v1.1.json.gz")
+    v1_train, v1_skips = load_examples(SQUAD, "train", data_dir=str(tmp_path))
+    assert len(v1_train) == len(examples) - len(impossible) and v1_skips == {"no_answer": len(impossible)}
+
+
+def test_v2_impossible_with_answers_names_the_question(tmp_path):
+    document = _squad_json()
+    document["data"][0]["paragraphs"][0]["qas"][1]["is_impossible"] = True
+    (tmp_path / "dev-v2.0.json").write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(
+        DataError, match=r"dev-v2\.0\.json: \$\.data\[0\]\.paragraphs\[0\]\.qas\[1\] has is_impossible"
+    ):
+        load_examples(SQUAD_V2, "dev", data_dir=str(tmp_path))
+    document["data"][0]["paragraphs"][0]["qas"][1]["is_impossible"] = "no"
+    (tmp_path / "dev-v2.0.json").write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(DataError, match=r"is_impossible is str, expected bool"):
+        load_examples(SQUAD_V2, "dev", data_dir=str(tmp_path))
+
+
+def test_v2_hub_rows_without_answers(monkeypatch):
+    import datasets
+
+    rows = {
+        "id": ["a", "b"],
+        "title": ["T", "T"],
+        "context": ["Paris is big."] * 2,
+        "question": ["What?", "Who?"],
+        "answers": [{"text": ["Paris"], "answer_start": [0]}, {"text": [], "answer_start": []}],
+    }
+    calls = []
+
+    def load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_dict(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    examples, skips = load_examples(SQUAD_V2, "train", data_dir=None)
+    assert calls == [("rajpurkar/squad_v2", None, "train")]
+    assert [e.answers for e in examples] == [[{"text": "Paris", "answer_start": 0}], []] and skips == {}
+
+
+def test_v2_unanswerable_questions_are_labelled_at_cls(shared_data, tmp_path, tokenizer):
+    """Every window of an unanswerable question is labelled (0, 0), although its v1.1 answer lies in a
+    window; answerable questions keep their spans."""
+    impossible = write_squad_v2(shared_data, tmp_path, max_articles=3)
+    examples, _ = load_examples(SQUAD_V2, "dev", data_dir=str(tmp_path))
+
+    def labels_by_question(examples: list[SquadExample]) -> dict[str, set[tuple[int, int]]]:
+        train = prepare_squad_features(examples, tokenizer, max_length=128, doc_stride=32, train=True)
+        windows = prepare_squad_features(examples, tokenizer, max_length=128, doc_stride=32, train=False)
+        labels = collections.defaultdict(set)
+        for qid, start, end in zip(
+            windows["example_id"], train["start_positions"], train["end_positions"], strict=True
+        ):
+            labels[qid].add((start, end))
+        return labels
+
+    labels = labels_by_question(examples)
+    assert len(labels) == len(examples)
+    assert all(labels[qid] == {(0, 0)} for qid in impossible)
+    answerable = [qid for qid in labels if qid not in impossible]
+    # an answerable question has a window labelled with its span (all but answers no window holds)
+    assert sum(labels[qid] != {(0, 0)} for qid in answerable) >= 0.95 * len(answerable)
+    v1_examples, _ = load_examples(
+        SQUAD, "dev", data_dir=str(shared_data / "squad"), max_examples=len(examples)
+    )
+    v1_labels = labels_by_question([e for e in v1_examples if e.qid in impossible])
+    assert sum(v1_labels[qid] != {(0, 0)} for qid in impossible) >= 0.95 * len(impossible)
+
+
+def _two_window_example(tokenizer):
+    context = " ".join(f"word{index}" for index in range(60)) + " Bob met Alice."
+    example = SquadExample("q", "Who?", context, [{"text": "Bob", "answer_start": context.index("Bob")}])
+    features = prepare_squad_features([example], tokenizer, max_length=64, doc_stride=16, train=False)
+    assert len(features["input_ids"]) >= 2
+    return example, features
+
+
+def test_v2_null_score_against_best_span(tokenizer):
+    example, features = _two_window_example(tokenizer)
+    num_features = len(features["input_ids"])
+    start_logits, end_logits = np.zeros((num_features, 64)), np.zeros((num_features, 64))
+    last = num_features - 1
+    bob = next(
+        i
+        for i, o in enumerate(features["offset_mapping"][last])
+        if o and o[0] == example.context.index("Bob")
+    )
+    start_logits[last, bob], end_logits[last, bob] = 4.0, 3.0  # best span "Bob": 7
+    # [CLS] scores 3 + 6 = 9 in the other windows and 2 + 3 = 5 in the last: the null score is the min, 5
+    start_logits[:, 0], end_logits[:, 0] = 3.0, 6.0
+    start_logits[last, 0], end_logits[last, 0] = 2.0, 3.0
+    predictions, diffs = postprocess_squad_v2([example], features, start_logits, end_logits)
+    assert predictions == {"q": "Bob"} and diffs == {"q": pytest.approx(5.0 - 7.0)}
+    predictions, _ = postprocess_squad_v2(
+        [example], features, start_logits, end_logits, null_score_diff_threshold=-2.5
+    )
+    assert predictions == {"q": ""}  # -2 > -2.5: no answer
+    start_logits[last, 0] = 6.0  # null score now 9 in every window: 9 − 7 = 2
+    predictions, diffs = postprocess_squad_v2([example], features, start_logits, end_logits)
+    assert predictions == {"q": ""} and diffs == {"q": pytest.approx(2.0)}
+    predictions, _ = postprocess_squad_v2(
+        [example], features, start_logits, end_logits, null_score_diff_threshold=2.0
+    )
+    assert predictions == {"q": "Bob"}  # 2 is not > 2
+    # the v1.1 search ignores [CLS] and gives the same best span
+    assert postprocess_squad([example], features, start_logits, end_logits) == {"q": "Bob"}
+
+
+def test_v2_no_valid_span_is_no_answer(tokenizer):
+    example, features = _two_window_example(tokenizer)
+    num_features = len(features["input_ids"])
+    start_logits, end_logits = np.zeros((num_features, 64)), np.zeros((num_features, 64))
+    predictions, diffs = postprocess_squad_v2(
+        [example], features, start_logits, end_logits, n_best=1, null_score_diff_threshold=1e9
+    )
+    # n_best=1 keeps only token 0 ([CLS], ties go to the earlier token): no context span anywhere
+    assert predictions == {"q": ""} and math.isinf(diffs["q"])
