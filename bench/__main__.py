@@ -1,4 +1,8 @@
-"""`python -m bench [name ...]` runs every benchmark module listed in BENCHMARKS (or the named ones)."""
+"""`python -m bench [name ...]` runs every benchmark module listed in BENCHMARKS (or the named ones).
+
+Those in OPT_IN run only when named: `net` needs root and takes ~15 minutes (`make bench-net`), and
+`scaling` reads net's results.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,14 @@ BENCHMARKS: dict[str, str] = {
     "optim": "bench.optim",
     "trainer": "bench.trainer",
     "finetune": "bench.finetune",
+    "net": "bench.net",
+    "scaling": "bench.scaling",
 }
+OPT_IN = {"net", "scaling"}
 
 
 def main(argv: list[str]) -> None:
-    names = [a for a in argv if not a.startswith("-")] or list(BENCHMARKS)
+    names = [a for a in argv if not a.startswith("-")] or [n for n in BENCHMARKS if n not in OPT_IN]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise SystemExit(f"bench: unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")

@@ -7,6 +7,11 @@ compressed momentum instead. The trainer sets `enabled` before each step from th
 
 At log steps (`measure=True`) the hook also records this rank's squared gradient norm before
 averaging, which with the averaged norm gives the gradient noise scale (McCandlish et al. 2018).
+
+Benchmark-only switch: `communicate = False` (never set by training code) makes every step behave like
+the compression stage's local path: same hook, same compute, no allreduce, so the ranks' models drift
+apart. `bench/net.py` sets it on a built trainer (`trainer.sync.communicate = False`) to measure the
+no-communication bound of data-parallel LAMB; it is not a training mode.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at registration.
@@ -24,6 +29,7 @@ class GradientSync:
         self.group = group
         self.world_size = world_size
         self.enabled = True
+        self.communicate = True  # benchmark-only: False skips the allreduce on every step (see above)
         self.measure = False
         self.local_square_norm = torch.zeros(())
         self.numel = 0  # elements allreduced in the last step
@@ -53,7 +59,7 @@ class GradientSync:
         buffer = bucket.buffer()
         if state.measure:
             state.local_square_norm = state.local_square_norm.to(buffer.device) + buffer.float().pow(2).sum()
-        if not state.enabled or state.world_size == 1:
+        if not state.enabled or not state.communicate or state.world_size == 1:
             future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
             future.set_result(buffer)
             return future

@@ -1,0 +1,539 @@
+"""Emulated-Ethernet benchmark: gloo ranks in network namespaces over rate-limited veth links
+(launch/netns.py), so bandwidth, not the loopback, bounds communication. Needs root.
+
+    python -m bench net              # full: about 15 min; results/bench/net.json and net_e2e.json
+    python -m bench net --quick      # seconds: small buffer, 2 ranks; *_quick.json
+    python -m bench net --part=allreduce --rates=1gbit,none --world-sizes=2   (options with `=`)
+
+Part 1, `allreduce` (net.json): the 1-bit compressed allreduce (pretrain/comm) vs gloo's fp32 and fp16
+`all_reduce` (+ division by n, i.e. a mean) of the same flat buffer, BERT-Base (110M) and BERT-Large
+(336M) sized, 2 and 4 ranks, at each rate (tbf on every rank's egress; "none" = unshaped veth). Per
+(size, ranks) one launch allocates one fp32 buffer per rank; the fp16 buffer is a view on half of
+its storage (refilled before each fp16 call) to keep 4 x BERT-Large within memory. The three operations
+alternate in every repeat; the reported time is the median over repeats of the slowest rank. Bytes per
+operation and rank come from three sources: the in-process model (`pretrain.comm` byte counter for the
+compressed call, the ring formula 2(n-1)/n x bytes for the plain ones), the interface's tx_bytes and
+the tbf qdisc's "Sent" bytes (`tc -s qdisc`, which counts every segment's headers). Records: compressed
+seconds vs fp32 (target ratio <= 1/20 at 1 Gbit/s for BERT-Large) and vs fp16, per rate; bytes on the
+wire compressed vs fp32; the single-thread memory bandwidth (calibrates the scaling model's compression
+cost). A (size, ranks) pair that would not fit in the available memory is skipped and says so.
+
+Part 2, `e2e` (net_e2e.json): training samples/s of BERT-Base at seq 128 with a small micro batch at
+1 Gbit/s, 2 and 4 ranks: LAMB (fp32 gradient allreduce overlapped with backward) vs 1-bit LAMB in its
+compression stage (freeze_step=1, measured after it) vs the no-communication bound (LAMB with the
+gradient allreduce skipped: `GradientSync.communicate = False`, a benchmark-only switch). Each step is
+`Trainer.train_step` between two barriers (so the slowest rank counts); the median over steps. Targets:
+1-bit LAMB >= 2.8x LAMB and >= 0.9x the bound. Every rank has one thread: the machine has 2 cores, so
+4 ranks share them and their compute takes about twice as long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from bench.records import RESULTS_DIR, Record, write_records
+from launch.netns import EmulatedNetwork, interface_counters, set_rate_from_rank, unavailable_reason
+from pretrain.comm import CompressedAllreduce, padded_numel
+from pretrain.comm.counter import ring_allreduce_bytes
+
+BUFFER_NUMEL = {"bert_base": 110_000_000, "bert_large": 336_000_000}
+RATES = ("none", "10gbit", "1gbit")  # "none" first: it doubles as the warm-up rate (cheap)
+WORLD_SIZES = (2, 4)
+OPERATIONS = ("fp32", "fp16", "compressed")
+QUICK_NUMEL = 4_000_000
+GIB = 1024**3
+# Per element of the buffer, per rank: fp32 buffer 4, worker error 4, packed send/receive 3/8, the packer's
+# scratch ~1.63 (bool mask, shifted bytes, int32 indices); + server error 4/n. Plus the interpreter + torch.
+_BYTES_PER_ELEMENT = 4 + 4 + 0.375 + 1.63
+_BASE_PROCESS_BYTES = 0.4 * GIB
+_MEMORY_MARGIN = 2 * GIB
+RATE_BITS = {"1gbit": 1e9, "10gbit": 1e10, "none": None}
+
+
+def rate_bits_per_s(rate: str) -> float | None:
+    """'1gbit' -> 1e9, '500mbit' -> 5e8, 'none' -> None (tc's decimal prefixes)."""
+    text = rate.lower()
+    if text in ("none", "unlimited"):
+        return None
+    for suffix, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * scale
+    raise ValueError(f"rate '{rate}': expected e.g. 1gbit, 500mbit or none")
+
+
+# ----------------------------------------------------------------------------------------- part 1
+
+
+def estimated_rank_bytes(numel: int, world_size: int) -> float:
+    """Peak memory of one allreduce-benchmark rank (see _BYTES_PER_ELEMENT)."""
+    return numel * (_BYTES_PER_ELEMENT + 4 / world_size) + _BASE_PROCESS_BYTES
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _allreduce_worker(rank: int, world_size: int, numel: int, rates: list[str], repeats: int) -> dict:
+    """Runs inside a rank's namespace: times the three operations at each rate, with byte counts."""
+    padded = padded_numel(numel, world_size)
+    generator = torch.Generator().manual_seed(rank)
+    buffer = torch.empty(padded).uniform_(-1, 1, generator=generator)
+    # fp16 view on the first half of the fp32 storage: no second buffer (memory), refilled before use.
+    half = buffer.view(torch.float16)[:padded]
+    engine = CompressedAllreduce(padded)
+
+    def fp32() -> None:
+        dist.all_reduce(buffer)
+        buffer.div_(world_size)
+
+    def fp16() -> None:
+        dist.all_reduce(half)
+        half.div_(world_size)
+
+    def compressed() -> None:
+        engine(buffer)
+
+    operations: dict[str, Callable[[], None]] = {"fp32": fp32, "fp16": fp16, "compressed": compressed}
+    model_bytes = {
+        "fp32": ring_allreduce_bytes(padded, 4, world_size),
+        "fp16": ring_allreduce_bytes(padded, 2, world_size),
+    }
+
+    def measure(name: str) -> dict[str, float]:
+        if name == "fp16":
+            half.uniform_(-1, 1, generator=generator)
+        before = interface_counters()
+        dist.barrier()
+        start = time.perf_counter()
+        operations[name]()
+        dist.barrier()  # the slowest rank defines the collective's time
+        seconds = time.perf_counter() - start
+        after = interface_counters()
+        counted = engine.traffic.last_call.compressed_bytes if name == "compressed" else model_bytes[name]
+        return {
+            "seconds": seconds,
+            "model_bytes": float(counted),  # type: ignore[union-attr]
+            **{key: float(after[key] - before[key]) for key in after},
+        }
+
+    results: dict[str, dict[str, list[dict[str, float]]]] = {}
+    for index, rate in enumerate(rates):
+        dist.barrier()
+        if rank == 0:
+            set_rate_from_rank(rate)
+        dist.barrier()
+        if index == 0:  # warm-up: first-touch page faults, gloo connections, packer scratch
+            for name in OPERATIONS:
+                measure(name)
+        results[rate] = {name: [] for name in OPERATIONS}
+        for _ in range(repeats):  # alternated so that machine drift hits all three alike
+            for name in OPERATIONS:
+                results[rate][name].append(measure(name))
+    dist.barrier()
+    copy_bandwidth = None
+    if rank == 0:  # single-thread memory bandwidth, the others idle in the barrier
+        half_numel = padded // 2
+        samples = []
+        for _ in range(3):
+            start = time.perf_counter()
+            buffer[:half_numel].copy_(buffer[half_numel : 2 * half_numel])
+            samples.append(2 * 4 * half_numel / (time.perf_counter() - start))  # read + write
+        copy_bandwidth = statistics.median(samples)
+    dist.barrier()
+    return {
+        "results": results,
+        "numel_padded": padded,
+        "collective_mode": engine.collective_mode.value,
+        "peak_rss_bytes": _peak_rss(),
+        "copy_bytes_per_s": copy_bandwidth,
+    }
+
+
+def _slowest(per_rank: list[dict], rate: str, name: str, key: str) -> list[float]:
+    """Per repeat, the maximum over ranks of `key` (seconds: the slowest rank; bytes: the busiest)."""
+    columns = [result["results"][rate][name] for result in per_rank]
+    return [max(sample[key] for sample in repeat) for repeat in zip(*columns)]
+
+
+def _allreduce_records(
+    size: str, numel: int, world_size: int, rates: list[str], repeats: int, quick: bool
+) -> list[Record]:
+    needed = estimated_rank_bytes(numel, world_size) * world_size
+    available = psutil.virtual_memory().available
+    label = f"{size}_n{world_size}"
+    if needed > available - _MEMORY_MARGIN:
+        reason = (
+            f"skipped {label}: needs ~{needed / GIB:.1f} GiB for {world_size} ranks, "
+            f"{available / GIB:.1f} GiB available (margin {_MEMORY_MARGIN / GIB:.0f} GiB)"
+        )
+        print(f"[bench net] {reason}", flush=True)
+        return [Record(f"skipped_{label}", 0.0, "skipped", config={"reason": reason})]
+    started = time.perf_counter()
+    with EmulatedNetwork(world_size, rates[0]) as network:
+        per_rank = network.run(_allreduce_worker, (numel, rates, repeats))
+    run_seconds = time.perf_counter() - started
+    first = per_rank[0]
+    base_config: dict[str, Any] = {
+        "buffer": size,
+        "numel_padded": first["numel_padded"],
+        "buffer_MB_fp32": first["numel_padded"] * 4 / 1e6,
+        "world_size": world_size,
+        "repeats": repeats,
+        "threads_per_rank": 1,
+        "collective_mode": first["collective_mode"],
+        "peak_rss_GiB_per_rank": [round(r["peak_rss_bytes"] / GIB, 2) for r in per_rank],
+        "estimated_GiB_per_rank": round(estimated_rank_bytes(numel, world_size) / GIB, 2),
+        "run_seconds": round(run_seconds, 1),
+        "quick": quick,
+        "shaping": "tbf on each rank's egress (launch/netns.sh); ingress bounded by the peers' egress",
+    }
+    records = []
+    for rate in rates:
+        seconds = {name: _slowest(per_rank, rate, name, "seconds") for name in OPERATIONS}
+        medians = {name: statistics.median(values) for name, values in seconds.items()}
+        wire = {
+            name: {
+                key: statistics.median(_slowest(per_rank, rate, name, key))
+                for key in ("model_bytes", "tx_bytes", "qdisc_sent_bytes")
+            }
+            for name in OPERATIONS
+        }
+        nominal = rate_bits_per_s(rate)
+        breakdown = {
+            name: {
+                "seconds_median": medians[name],
+                "seconds": seconds[name],
+                **{f"{key}_per_rank": value for key, value in wire[name].items()},
+                "model_goodput_Gbit_s": wire[name]["model_bytes"] * 8 / medians[name] / 1e9,
+                "wire_seconds_at_rate": (wire[name]["model_bytes"] * 8 / nominal) if nominal else None,
+            }
+            for name in OPERATIONS
+        }
+        config = {
+            **base_config,
+            "rate": rate,
+            "operations": breakdown,
+            "copy_bytes_per_s": first["copy_bytes_per_s"],
+        }
+        is_target = rate == "1gbit" and size == "bert_large"
+        for peer in ("fp32", "fp16"):
+            target = None
+            if peer == "fp32":
+                target = "ratio <= 0.05 (>= 20x faster; limit ~1/32)" if is_target else "informational"
+            records.append(
+                Record(
+                    f"allreduce_seconds_compressed_vs_{peer}_{label}_{rate}",
+                    medians["compressed"],
+                    "s",
+                    peer=f"gloo {peer} all_reduce + divide by n (same buffer, same processes)",
+                    peer_value=medians[peer],
+                    target=target or "informational",
+                    config={**config, "speedup": medians[peer] / medians["compressed"]},
+                )
+            )
+        if nominal is not None:
+            records.append(
+                Record(
+                    f"wire_bytes_compressed_vs_fp32_{label}_{rate}",
+                    wire["compressed"]["qdisc_sent_bytes"],
+                    "B/rank/call",
+                    peer="fp32 all_reduce, tc qdisc Sent bytes of the same rank",
+                    peer_value=wire["fp32"]["qdisc_sent_bytes"],
+                    target="ratio ~1/32 (the byte counter's model)",
+                    config={
+                        **base_config,
+                        "rate": rate,
+                        "bytes": wire,
+                        "counter_ratio": wire["compressed"]["model_bytes"] / wire["fp32"]["model_bytes"],
+                        "note": "tc counts every TCP segment's headers; tx_bytes counts GSO packets once",
+                    },
+                )
+            )
+    if first["copy_bytes_per_s"]:
+        records.append(
+            Record(
+                f"memory_copy_bytes_per_s_{label}",
+                first["copy_bytes_per_s"],
+                "B/s",
+                target="informational: calibrates the compression cost per byte moved (bench/scaling.py)",
+                config={
+                    **base_config,
+                    "what": "rank 0, one thread, copy_ of half the buffer onto the other half",
+                },
+            )
+        )
+    return records
+
+
+# ----------------------------------------------------------------------------------------- part 2
+
+VARIANTS = ("lamb", "onebit_lamb", "no_comm")
+
+
+def _train_worker(
+    rank: int,
+    world_size: int,
+    variants: list[str],
+    rounds: int,
+    model: str,
+    data_dir: str,
+    run_root: str,
+    micro_batch: int,
+    warmup_steps: int,
+    steps: int,
+) -> dict:
+    """Runs inside a rank's namespace: for each round and variant, a fresh trainer, `warmup_steps`
+    untimed and `steps` timed `Trainer.train_step` calls. One process for all variants: no repeated
+    start-up, and the rounds alternate the variants so that machine drift hits them alike."""
+    import gc
+
+    from hydra import compose, initialize_config_dir
+
+    from data.config import REPO_ROOT
+    from pretrain.config import to_object
+    from pretrain.distributed import init_distributed
+    from pretrain.trainer import Trainer
+
+    results: dict[str, dict[str, Any]] = {
+        variant: {"step_seconds": [], "phases": [], "onebit_bytes_per_call": None} for variant in variants
+    }
+    env = init_distributed()
+    for round_index in range(rounds):
+        for variant in variants:
+            overrides = [
+                "batch=demo",
+                f"optim={'onebit_lamb' if variant == 'onebit_lamb' else 'lamb'}",
+                f"model={model}",
+                f"data_dir={data_dir}",
+                f"run_dir={run_root}/{variant}-{round_index}",
+                "wandb.mode=disabled",
+                "num_workers=0",
+                "log_every=1",  # every step reports its phase times (the same small cost for every variant)
+                "show_progress=false",
+                f"batch.phases.0.global_batch={micro_batch * world_size}",
+                f"batch.phases.0.micro_batch={micro_batch}",
+                "batch.phases.0.steps=100000",
+                # 1-bit LAMB: one warmup step, then the compression stage; the others have no freeze_step.
+                f"batch.phases.0.freeze_step={1 if variant == 'onebit_lamb' else 'null'}",
+            ]
+            with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+                cfg = to_object(compose(config_name="pretrain", overrides=overrides))
+            trainer = Trainer(cfg, env)
+            if variant == "no_comm":
+                trainer.sync.communicate = False  # benchmark-only bound: same compute, no gradient allreduce
+            phase = trainer._enter_phase(0)
+            for _ in range(warmup_steps):
+                trainer.train_step(phase)
+            traffic = getattr(trainer.optimizer, "traffic", None)
+            bytes_before = float(traffic.compressed_bytes) if traffic is not None else 0.0
+            for _ in range(steps):
+                dist.barrier()
+                start = time.perf_counter()
+                metrics = trainer.train_step(phase)
+                dist.barrier()
+                results[variant]["step_seconds"].append(time.perf_counter() - start)
+                assert metrics is not None
+                results[variant]["phases"].append({key: float(metrics[key]) for key in _PHASE_KEYS})
+            if traffic is not None:
+                results[variant]["onebit_bytes_per_call"] = (
+                    float(traffic.compressed_bytes) - bytes_before
+                ) / steps
+            results[variant]["stage"] = getattr(getattr(trainer.optimizer, "stage", None), "value", None)
+            results[variant]["num_params"] = trainer.num_params
+            results[variant]["rss_bytes_end"] = psutil.Process().memory_info().rss
+            if trainer.data is not None:
+                trainer.data.close()
+            del trainer, phase
+            gc.collect()
+            results[variant]["rss_bytes_after_release"] = psutil.Process().memory_info().rss
+    return {"variants": results, "peak_rss_bytes": _peak_rss()}
+
+
+_PHASE_KEYS = ("time_data", "time_forward_backward", "time_optimizer", "time_communication", "bytes_step")
+
+
+def _e2e_records(
+    world_size: int,
+    rate: str,
+    model: str,
+    data_dir: Path,
+    micro_batch: int,
+    warmup: int,
+    steps: int,
+    rounds: int,
+    quick: bool,
+) -> list[Record]:
+    print(
+        f"[bench net] e2e {model} n={world_size} {rate}: {', '.join(VARIANTS)} x {rounds} round(s)",
+        flush=True,
+    )
+    started = time.perf_counter()
+    with (
+        tempfile.TemporaryDirectory(prefix="net-e2e-") as run_root,
+        EmulatedNetwork(world_size, rate) as network,
+    ):
+        per_rank = network.run(
+            _train_worker,
+            (list(VARIANTS), rounds, model, str(data_dir), run_root, micro_batch, warmup, steps),
+            env={"WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"},
+        )
+    run_seconds = time.perf_counter() - started
+    results = {}
+    for variant in VARIANTS:
+        ranks = [r["variants"][variant] for r in per_rank]
+        step_seconds = [max(times) for times in zip(*(r["step_seconds"] for r in ranks))]
+        median_step = statistics.median(step_seconds)
+        num_steps = len(step_seconds)
+        phase_medians = {
+            key: statistics.median(max(r["phases"][i][key] for r in ranks) for i in range(num_steps))
+            for key in _PHASE_KEYS
+        }
+        if ranks[0]["onebit_bytes_per_call"] is not None:  # 1-bit: the exchange is in the optimizer step
+            phase_medians["bytes_step"] = ranks[0]["onebit_bytes_per_call"]
+        results[variant] = {
+            "samples_per_s": micro_batch * world_size / median_step,
+            "step_seconds_median": median_step,
+            "step_seconds": step_seconds,
+            "phase_seconds_median": phase_medians,
+            "stage": ranks[0]["stage"],
+            "num_params": ranks[0]["num_params"],
+            "rss_GiB_end_per_rank": [round(r["rss_bytes_end"] / GIB, 2) for r in ranks],
+            "rss_GiB_after_release_per_rank": [round(r["rss_bytes_after_release"] / GIB, 2) for r in ranks],
+        }
+    config = {
+        "model": model,
+        "seq": 128,
+        "world_size": world_size,
+        "rate": rate,
+        "micro_batch": micro_batch,
+        "global_batch": micro_batch * world_size,
+        "accumulation": 1,
+        "threads_per_rank": 1,
+        "cpu_cores": os.cpu_count(),
+        "warmup_steps": warmup,
+        "timed_steps_per_round": steps,
+        "rounds": rounds,
+        "quick": quick,
+        "no_comm_bound": "LAMB with GradientSync.communicate=False: same compute, gradient allreduce skipped",
+        "peak_rss_GiB_per_rank": [round(r["peak_rss_bytes"] / GIB, 2) for r in per_rank],
+        "run_seconds": round(run_seconds, 1),
+        "variants": results,
+    }
+    label = f"{model}_n{world_size}_{rate}"
+    onebit = results["onebit_lamb"]["samples_per_s"]
+    return [
+        Record(
+            f"e2e_samples_per_s_onebit_lamb_vs_lamb_{label}",
+            onebit,
+            "samples/s",
+            peer="LAMB (fp32 gradient allreduce), same ranks, rate and data",
+            peer_value=results["lamb"]["samples_per_s"],
+            target="ratio >= 2.8",
+            config=config,
+        ),
+        Record(
+            f"e2e_samples_per_s_onebit_lamb_vs_no_comm_{label}",
+            onebit,
+            "samples/s",
+            peer="no-communication bound (LAMB, gradient allreduce skipped)",
+            peer_value=results["no_comm"]["samples_per_s"],
+            target="ratio >= 0.9",
+            config=config,
+        ),
+        Record(
+            f"e2e_samples_per_s_lamb_vs_no_comm_{label}",
+            results["lamb"]["samples_per_s"],
+            "samples/s",
+            peer="no-communication bound (LAMB, gradient allreduce skipped)",
+            peer_value=results["no_comm"]["samples_per_s"],
+            target="informational: how communication-bound LAMB is",
+            config=config,
+        ),
+    ]
+
+
+def _prepared_data(folder: Path) -> Path:
+    """`make prepare DATA=tiny`'s output when complete (BERT uncased vocab), else prepared into `folder`."""
+    from data.config import REPO_ROOT
+    from data.prepare import prepare_in_subprocess
+
+    prepared = REPO_ROOT / "data" / "prepared" / "tiny"
+    if all((prepared / f"seq{length}" / "manifest.json").is_file() for length in (128, 512)):
+        return prepared
+    return prepare_in_subprocess(folder / "tiny", "data=tiny")
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench net", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small buffer, 2 ranks, bert_tiny e2e: seconds")
+    parser.add_argument("--part", choices=("all", "allreduce", "e2e"), default="all")
+    parser.add_argument("--rates", type=_csv, default=None, help="comma-separated, e.g. 1gbit,none")
+    parser.add_argument("--world-sizes", type=_csv, default=None, help="comma-separated, e.g. 2,4")
+    parser.add_argument("--sizes", type=_csv, default=None, help="bert_base,bert_large")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--micro-batch", type=int, default=1, help="e2e micro batch per rank")
+    parser.add_argument("--steps", type=int, default=None, help="e2e timed steps per variant and round")
+    parser.add_argument("--rounds", type=int, default=None, help="e2e rounds over the three variants")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+
+    reason = unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"bench net: the emulated network is unavailable: {reason}")
+    for rate in args.rates or ():
+        rate_bits_per_s(rate)  # a bad rate fails here, not after minutes of measurement
+    world_sizes = (
+        [int(n) for n in args.world_sizes] if args.world_sizes else ([2] if args.quick else list(WORLD_SIZES))
+    )
+    suffix = "_quick" if args.quick else ""
+    torch.set_num_threads(1)
+
+    if args.part in ("all", "allreduce"):
+        rates = args.rates or (["none", "1gbit"] if args.quick else list(RATES))
+        sizes = args.sizes or (["quick"] if args.quick else list(BUFFER_NUMEL))
+        repeats = args.repeats or (2 if args.quick else 3)
+        records: list[Record] = []
+        for size in sizes:
+            numel = QUICK_NUMEL if size == "quick" else BUFFER_NUMEL[size]
+            for world_size in world_sizes:
+                print(f"[bench net] allreduce {size} n={world_size} rates {rates}", flush=True)
+                records += _allreduce_records(size, numel, world_size, rates, repeats, args.quick)
+        write_records(f"net{suffix}", records, args.out)
+
+    if args.part in ("all", "e2e"):
+        rate = (args.rates or ["1gbit"])[-1] if args.part == "e2e" else "1gbit"
+        model = "bert_tiny" if args.quick else "bert_base"
+        steps = args.steps or (3 if args.quick else 4)
+        rounds = args.rounds or (1 if args.quick else 2)
+        records = []
+        with tempfile.TemporaryDirectory(prefix="net-e2e-data-") as folder:
+            data_dir = _prepared_data(Path(folder))
+            for world_size in world_sizes:
+                records += _e2e_records(
+                    world_size, rate, model, data_dir, args.micro_batch, 2, steps, rounds, args.quick
+                )
+        write_records(f"net_e2e{suffix}", records, args.out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
