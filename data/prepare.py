@@ -16,11 +16,13 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import os
+import shutil
 import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -96,10 +98,17 @@ def _random_token_ids(tokenizer) -> list[int]:
 
 class _Runner:
     """Feeds chunks to a pool with a bounded window (memory ~ window x chunk size) and yields results
-    in chunk order."""
+    in chunk order. `before_first_write` runs once, before the first chunk that must be computed."""
 
-    def __init__(self, context: pipeline.WorkerContext, num_workers: int):
+    def __init__(
+        self,
+        context: pipeline.WorkerContext,
+        num_workers: int,
+        before_first_write: Callable[[], None] = lambda: None,
+    ):
         self.context = context
+        self.before_first_write = before_first_write
+        self.wrote = False
         self.window = max(1, 2 * num_workers)
         self.pool = (
             ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"))
@@ -114,12 +123,16 @@ class _Runner:
             finished = pipeline.load_finished(self.context, index)
             if finished is not None:
                 pending.append((finished, False))
-            elif self.pool is None:
-                pending.append((pipeline.process_chunk(index, documents, self.context), True))
             else:
-                pending.append(
-                    (self.pool.submit(pipeline.process_chunk, index, documents, self.context), True)
-                )
+                if not self.wrote:
+                    self.before_first_write()
+                    self.wrote = True
+                if self.pool is None:
+                    pending.append((pipeline.process_chunk(index, documents, self.context), True))
+                else:
+                    pending.append(
+                        (self.pool.submit(pipeline.process_chunk, index, documents, self.context), True)
+                    )
             while len(pending) >= self.window or (pending and not isinstance(pending[0][0], Future)):
                 yield self._pop(pending)
         while pending:
@@ -200,18 +213,39 @@ def prepare(cfg: PrepareConfig) -> dict[int, Path]:
         texts = (d.text for d in iter_documents(data.sources, SkipCounter()))
     tokenizer = build_tokenizer(data.tokenizer, texts)
     folders = {length: out_root / f"seq{length}" for length in data.instances.max_seq_lengths}
-    tokenizer_section: dict = {}
+    # The tokenizer waits in a staging folder: a run that fails before writing anything (a bad corpus,
+    # found while reading the first chunk) leaves an earlier complete output of another config intact.
+    staging = Path(tempfile.mkdtemp(dir=out_root, prefix=".tokenizer."))
+    try:
+        return _prepare(cfg, tokenizer, folders, staging, started)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _commit_output(folders: dict[int, Path], staging: Path, hash_: str) -> None:
+    """Before this run's first write: its tokenizer goes into every folder, and a manifest of another
+    config goes (it must not outlive its shards)."""
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
-        tokenizer_section = tokenizer_info(tokenizer, _save_tokenizer(tokenizer, folder))
-    hash_ = config_hash(data, tokenizer_section["sha256"])
-    for folder in folders.values():  # a manifest of another config must not outlive its shards
         stale = folder / "manifest.json"
         if stale.is_file() and json.loads(stale.read_text() or "{}").get("config_hash") != hash_:
             stale.unlink()
+        for file in staging.iterdir():
+            temporary = folder / f".{file.name}.tmp"
+            shutil.copyfile(file, temporary)
+            os.replace(temporary, folder / file.name)
+
+
+def _prepare(
+    cfg: PrepareConfig, tokenizer, folders: dict[int, Path], staging: Path, started: float
+) -> dict[int, Path]:
+    data = cfg.data
+    out_root = Path(data.shards.output_dir)
+    tokenizer_section = tokenizer_info(tokenizer, _save_tokenizer(tokenizer, staging))
+    hash_ = config_hash(data, tokenizer_section["sha256"])
 
     context = pipeline.WorkerContext(
-        tokenizer_file=str(next(iter(folders.values())) / "tokenizer.json"),
+        tokenizer_file=str(staging / "tokenizer.json"),
         folders={length: str(folder) for length, folder in folders.items()},
         instances=data.instances,
         config_hash=hash_,
@@ -224,7 +258,7 @@ def prepare(cfg: PrepareConfig) -> dict[int, Path]:
     documents = iter_documents(data.sources, read_skips, defer_wikitext=True)
     chunks = chunk_documents(documents, int(data.shards.chunk_mb * 1e6))
     results: list[pipeline.ChunkResult] = []
-    runner = _Runner(context, data.shards.num_workers)
+    runner = _Runner(context, data.shards.num_workers, lambda: _commit_output(folders, staging, hash_))
     bar = tqdm(unit="B", unit_scale=True, desc=f"prepare {data.name}", disable=not cfg.show_progress)
     num_reused = 0
     try:
@@ -238,9 +272,16 @@ def prepare(cfg: PrepareConfig) -> dict[int, Path]:
         bar.close()
 
     if not results or sum(r.num_documents for r in results) == 0:
+        skipped = SkipCounter(read_skips)
+        for result in results:
+            skipped.update(result.skipped)
+        sources = ", ".join(f"{s.kind.value} {s.path or s.hub_name}" for s in data.sources)
         raise DataError(
-            f"data '{data.name}': the sources produced no usable documents (skipped: {read_skips.as_dict()})"
+            f"data '{data.name}': the sources produced no usable documents (skipped: "
+            f"{skipped.as_dict()}; data.sources: {sources})"
         )
+    if not runner.wrote:  # every chunk reused from an earlier run of this config
+        _commit_output(folders, staging, hash_)
     for length, folder in folders.items():
         manifest = _build_manifest(length, results, cfg, tokenizer_section, read_skips, hash_)
         if manifest["num_instances"] == 0:

@@ -10,6 +10,7 @@ Exit codes: 0 done, 2 bad config/data/checkpoint (one-line error), 75 checkpoint
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import hydra
@@ -33,6 +34,10 @@ def main(dict_cfg: DictConfig) -> None:
             shutdown_distributed()
     except Preempted as stop:
         print(f"pretrain: {stop}", file=sys.stderr)
+        # The checkpoint is written: a further SIGTERM (torchrun's agent sends one as soon as another rank
+        # exits) must not turn exit code 75 into death by signal while the interpreter shuts down.
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, signal.SIG_IGN)
         sys.exit(PREEMPTED_EXIT_CODE)
     except (DataError, ValueError) as error:
         print(f"pretrain: error: {error}", file=sys.stderr)

@@ -6,15 +6,21 @@ Layout of one checkpoint (`<run>/checkpoints/step-00000100/`):
     train_state.pt               {"lr_scheduler", "grad_scaler", "dataloader", "train_state"} (main rank)
     hf/                          `save_pretrained` export (safetensors + tokenizer), loads with
                                  transformers.AutoModelForPreTraining as is
+    checksums.json               {"sha256": {file: digest}} of the files above except hf/
     COMPLETE                     written last; a folder without it is never resumed from
 
-Every rank writes into `step-N.tmp/`, a barrier, then the main rank writes COMPLETE and renames the
-folder: a kill at any point leaves either the previous checkpoint or a `.tmp` folder that is ignored
-(and removed by the next save). Loading uses safetensors and `torch.load(weights_only=True)`.
+Every rank writes into `step-N.tmp/` (and the sha256 of its file beside it), a barrier, then the main
+rank writes checksums.json and COMPLETE and renames the folder: a kill at any point leaves either the
+previous checkpoint or a `.tmp` folder that is ignored (and removed by the next save). Re-saving a step
+moves the old folder to `step-N.replaced/` until the new one is in place, and that folder counts while
+`step-N/` is missing, so no kill point loses the step. Loading checks the checksums (a flipped bit in a
+tensor would otherwise load silently) and uses safetensors and `torch.load(weights_only=True)` only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import re
@@ -29,7 +35,8 @@ import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-STEP_DIR = re.compile(r"^step-(\d{8})$")
+STEP_DIR = re.compile(r"^step-(\d{8})(\.replaced)?$")
+CHECKSUMS = "checksums.json"
 
 
 def _barrier() -> None:
@@ -78,12 +85,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest first; `step-N.replaced/` only where `step-N/` is missing."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if STEP_DIR.match(p.name) and (p / "COMPLETE").is_file()]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
+    found: dict[int, Path] = {}
+    for path in directory.iterdir():
+        match = STEP_DIR.match(path.name)
+        if match and (path / "COMPLETE").is_file():
+            step = int(match.group(1))
+            if step not in found or match.group(2) is None:
+                found[step] = path
+    return [found[step] for step in sorted(found)]
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
@@ -101,8 +114,10 @@ def save_checkpoint(
     shared_state: dict[str, Any] | None,
     export_hf: Callable[[Path], None] | None = None,
     keep_last: int = 3,
+    before_commit: Callable[[], None] | None = None,
 ) -> Path:
-    """Collective: every rank calls it. `model`, `shared_state` and `export_hf` matter on rank 0."""
+    """Collective: every rank calls it. `model`, `shared_state` and `export_hf` matter on rank 0.
+    `before_commit` runs on every rank once all files are written, before COMPLETE (fault tests)."""
     directory = Path(directory)
     final = directory / f"step-{step:08d}"
     tmp = directory / f"step-{step:08d}.tmp"
@@ -112,7 +127,10 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier()
-    torch.save(rank_state, tmp / f"rank-{rank:05d}.pt")
+    rank_file = tmp / f"rank-{rank:05d}.pt"
+    torch.save(rank_state, rank_file)
+    # each rank hashes its own file (rank 0 alone would read every rank's optimizer state)
+    (tmp / f"{rank_file.name}.sha256").write_text(_sha256(rank_file))
     if rank == 0:
         assert model is not None and shared_state is not None
         save_model(model, str(tmp / "model.safetensors"))  # handles BERT's tied decoder weights
@@ -120,18 +138,63 @@ def save_checkpoint(
         if export_hf is not None:
             export_hf(tmp / "hf")
     _barrier()
+    if before_commit is not None:
+        before_commit()
     if rank == 0:
+        _write_checksums(tmp)
         _fsync_tree(tmp)
         (tmp / "COMPLETE").write_text(f"{step}\n")
+        displaced = final.with_name(final.name + ".replaced")
         if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
-            shutil.rmtree(final)
+            if displaced.exists():
+                shutil.rmtree(displaced)
+            os.replace(final, displaced)  # still found by list_checkpoints until the new one is in place
         os.replace(tmp, final)
+        shutil.rmtree(displaced, ignore_errors=True)
         for old in list_checkpoints(directory)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         for stale in directory.glob("step-*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
+        for stale in directory.glob("step-*.replaced"):  # left by a kill; its step-N is in place now
+            if (directory / stale.name.removesuffix(".replaced")).is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
     _barrier()
     return final
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_checksums(folder: Path) -> None:
+    """checksums.json from the ranks' `*.sha256` files (then removed) and rank 0's shared files."""
+    sums = {"model.safetensors": _sha256(folder / "model.safetensors")}
+    sums["train_state.pt"] = _sha256(folder / "train_state.pt")
+    for sidecar in sorted(folder.glob("rank-*.pt.sha256")):
+        sums[sidecar.name.removesuffix(".sha256")] = sidecar.read_text().strip()
+        sidecar.unlink()
+    (folder / CHECKSUMS).write_text(json.dumps({"sha256": sums}, indent=1) + "\n")
+
+
+def _verify(path: Path, names: list[str]) -> None:
+    """CheckpointError naming the first of `names` whose sha256 differs from checksums.json. Checkpoints
+    written before checksums existed have no checksums.json and are not checked."""
+    listing = path / CHECKSUMS
+    if not listing.is_file():
+        return
+    try:
+        sums = json.loads(listing.read_text())["sha256"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{listing}: unreadable ({type(error).__name__}: {error})") from None
+    for name in names:
+        if name not in sums:
+            raise CheckpointError(f"{listing}: lists no checksum for {name}")
+        if _sha256(path / name) != sums[name]:
+            raise CheckpointError(f"{path / name}: sha256 differs from {CHECKSUMS} (corrupted file)")
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -153,18 +216,28 @@ def load_checkpoint(path: str | Path, rank: int, model: nn.Module) -> tuple[dict
     rank_file = path / f"rank-{rank:05d}.pt"
     if not rank_file.is_file():
         raise CheckpointError(f"{rank_file}: missing (was the checkpoint written with fewer ranks?)")
+    for name in ("model.safetensors", "train_state.pt"):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path / name}: missing")
+    _verify(path, ["model.safetensors", "train_state.pt", rank_file.name])
+    weights = path / "model.safetensors"
     try:
-        missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
-        if missing or unexpected:
-            raise CheckpointError(
-                f"{path / 'model.safetensors'}: does not match the model (missing {list(missing)[:3]}, "
-                f"unexpected {list(unexpected)[:3]}): another model size?"
-            )
+        missing, unexpected = load_model(model, str(weights), strict=False)
+    except Exception as error:  # shapes that differ (another model size or vocabulary), a damaged header
+        raise CheckpointError(f"{weights}: does not fit the model ({_first_line(error)})") from None
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{weights}: does not match the model (missing {list(missing)[:3]}, "
+            f"unexpected {list(unexpected)[:3]}): another model size?"
+        )
+    try:
         rank_state = torch.load(rank_file, map_location="cpu", weights_only=True)
         shared_state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
-    except CheckpointError:
-        raise
     except Exception as error:  # corrupt or mismatched files: name them, one line
-        message = str(error).splitlines()[0] if str(error) else ""
-        raise CheckpointError(f"{path}: cannot load checkpoint ({type(error).__name__}: {message})") from None
+        raise CheckpointError(f"{path}: cannot load checkpoint ({_first_line(error)})") from None
     return rank_state, shared_state
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

@@ -123,6 +123,9 @@ class TrainConfig:
     log_every: int = 10
     num_workers: int = 2  # DataLoader workers per rank
     deterministic: bool = False  # torch.use_deterministic_algorithms (bitwise resume tests)
+    # sha256 of every shard against the manifest before the first step, once per node (one read of the
+    # data); false keeps the cheap checks (shard sizes, tokenizer hash) only
+    verify_data: bool = True
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     show_progress: bool = True

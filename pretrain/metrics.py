@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -107,17 +108,22 @@ class WandbLogger:
     ):
         import wandb
 
-        self.run = wandb.init(
-            project=project,
-            group=group,
-            name=name,
-            tags=tags,
-            mode=wandb_mode(mode),  # type: ignore[arg-type]
-            config=scrub_secrets(dict(config)),
-            dir=str(directory),
-            job_type=job_type,
-            reinit="finish_previous",
-        )
+        # W&B records the command line with the run: an override carrying a key would go with it
+        argv, sys.argv = sys.argv, scrub_secrets(list(sys.argv))
+        try:
+            self.run = wandb.init(
+                project=project,
+                group=scrub_secrets(group),
+                name=scrub_secrets(name),
+                tags=scrub_secrets(list(tags)),
+                mode=wandb_mode(mode),  # type: ignore[arg-type]
+                config=scrub_secrets(dict(config)),
+                dir=str(directory),
+                job_type=job_type,
+                reinit="finish_previous",
+            )
+        finally:
+            sys.argv = argv
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(dict(metrics), step=step)

@@ -1,8 +1,11 @@
-"""Dynamic loss scaling for fp16, with the overflow decision agreed across ranks.
+"""Loss scaling and the skip-on-Inf/NaN decision, agreed across ranks.
 
-In the 1-bit compression stage gradients are not averaged, so one rank can overflow alone; the
-decision is MAX-allreduced so every rank skips the same steps (otherwise ranks desynchronize and the
-next collective hangs, spec §5.3). bf16 and fp32 use `NoScaler`.
+Every step the trainer asks the scaler whether ANY rank's gradients hold Inf/NaN; the flag is
+MAX-allreduced so every rank skips the same steps. In the 1-bit compression stage gradients are not
+averaged, so one rank can go non-finite alone: deciding locally would desynchronize the ranks (the next
+collective hangs, spec §5.3) and stepping would spread NaN into every replica's momentum. The check
+reuses the gradient norm the metrics report, so it costs one small allreduce per step.
+fp16 uses `DynamicLossScaler`; bf16 and fp32 use `NoScaler` (the check without scaling).
 """
 
 from __future__ import annotations
@@ -13,14 +16,30 @@ import torch
 import torch.distributed as dist
 
 
+def nonfinite_on_any_rank(params: list[torch.Tensor]) -> tuple[bool, torch.Tensor]:
+    """(whether some rank's gradients hold Inf/NaN, this rank's global gradient norm as a 0-dim tensor)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    else:
+        norm = torch.zeros(())
+    flag = (~torch.isfinite(norm)).float().reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item()), norm
+
+
 class NoScaler:
     scale = 1.0
+    grad_norm: torch.Tensor | None = None  # this rank's gradient norm at the last check (unscaled)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
 
     def unscale_and_check(self, params: list[torch.Tensor]) -> bool:
-        return False
+        """True when any rank saw Inf/NaN (then every rank skips the step)."""
+        skip, self.grad_norm = nonfinite_on_any_rank(params)
+        return skip
 
     def update(self, skipped: bool) -> None:
         pass
@@ -57,11 +76,7 @@ class DynamicLossScaler(NoScaler):
         """Divide gradients by the scale; True when any rank saw Inf/NaN (then skip the step)."""
         grads = [p.grad for p in params if p.grad is not None]
         torch._foreach_mul_(grads, 1.0 / self.scale)
-        norms = torch._foreach_norm(grads)
-        flag = (~torch.isfinite(torch.stack(norms).sum())).float().reshape(1)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return super().unscale_and_check(params)
 
     def update(self, skipped: bool) -> None:
         if skipped:

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import signal
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -27,14 +28,24 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from data.dataset import PretrainingDataset
 from data.shards import load_manifest
 from data.tokenizer import load_prepared_tokenizer
 from pretrain import checkpoint as ckpt
 from pretrain.comm.counter import ring_allreduce_bytes
 from pretrain.config import PhaseConfig, Precision, TrainConfig
 from pretrain.distributed import DistributedEnv, autocast_context
+from pretrain.faults import FaultInjector
 from pretrain.gradient_sync import GradientSync
-from pretrain.metrics import ConsoleLogger, FanoutLogger, JsonlLogger, MetricsLogger, NullLogger, WandbLogger
+from pretrain.metrics import (
+    ConsoleLogger,
+    FanoutLogger,
+    JsonlLogger,
+    MetricsLogger,
+    NullLogger,
+    WandbLogger,
+    scrub_secrets,
+)
 from pretrain.model import PretrainingObjective, build_model
 from pretrain.optim import build_optimizer, needs_gradient_allreduce, param_groups
 from pretrain.optim.schedule import build_scheduler
@@ -95,6 +106,7 @@ class Trainer:
         self._signal: int | None = None
         self._pending_tokens = torch.zeros((), device=env.device)
         self._previous_handlers: dict[int, Any] = {}
+        self.faults = FaultInjector.from_env(env.rank)  # test-only (tests/reliability); inert unless set
 
     # -- set-up ----------------------------------------------------------------------------------------
     def _check_data(self):
@@ -104,6 +116,11 @@ class Trainer:
         hashes = {m["tokenizer"]["sha256"] for m in manifests}
         if len(hashes) != 1:
             raise ValueError(f"data_dir: the phases' shards were made with different tokenizers ({folders})")
+        # before anything is written: every phase's tokenizer hash and shard sizes, and (once per node,
+        # as local disks may differ) every shard's sha256, since a flipped byte would train silently
+        verify = self.cfg.verify_data and not self.cfg.dry_run and self.env.local_rank == 0
+        for folder in folders:
+            PretrainingDataset(folder, verify=verify)
         for phase in self.phases:
             phase.accumulation_steps(self.env.world_size)
             if self.cfg.dry_run and self.cfg.dry_run_world_size:
@@ -192,6 +209,7 @@ class Trainer:
                     if metrics:
                         self.logger.log(self.state.global_step, metrics)
                         bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+                    self.faults.at("after_step", self.state.global_step)
                     every = self.cfg.checkpoint.every_steps
                     if self._agree_on_signal():
                         self.save()
@@ -243,8 +261,11 @@ class Trainer:
         timer.lap("forward_backward")
         # optimizer (1-bit: compressed momentum exchange inside)
         params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
+        self.faults.poison(self.state.global_step + 1, params)
+        self.faults.at("mid_step", self.state.global_step + 1)
+        # Inf/NaN on any rank: every rank skips the step (parameters, moments, 1-bit errors untouched)
         overflow = self.scaler.unscale_and_check(params)
-        grad_norm = _global_norm(params) if log_step else None
+        grad_norm = float(self.scaler.grad_norm) if log_step and self.scaler.grad_norm is not None else None
         traffic_before = _onebit_bytes(self.optimizer)
         if not overflow:
             self.optimizer.step()
@@ -357,22 +378,35 @@ class Trainer:
             "world_size": self.env.world_size,
         }
         rank_state = {"optimizer": self.optimizer.state_dict(), "rng": ckpt.rng_state()}
-        return ckpt.save_checkpoint(
+        step = self.state.global_step
+        path = ckpt.save_checkpoint(
             self.run_dir / "checkpoints",
-            self.state.global_step,
+            step,
             rank=self.env.rank,
             model=self.model,
             rank_state=rank_state,
             shared_state=shared,
             export_hf=self._export_hf if self.cfg.checkpoint.export_hf else None,
             keep_last=self.cfg.checkpoint.keep_last,
+            before_commit=lambda: self.faults.at("checkpoint_write", step),
         )
+        self.faults.at("after_checkpoint", step)
+        return path
 
     def _export_hf(self, folder: Path) -> None:
         transformers.utils.logging.disable_progress_bar()
         self.model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
-        (folder / "pretraining_state.json").write_text(json.dumps(asdict(self.state), indent=1))
+        # fine-tunes read it: samples seen (their x axis), the run and its W&B group (to join its curves)
+        state = {
+            **asdict(self.state),
+            "run_name": self.cfg.run_name,
+            "wandb_group": scrub_secrets(self.cfg.wandb.group or self.cfg.batch.name),  # as in _build_logger
+            # the dashboard groups fine-tunes like their pretraining runs (see _run_config)
+            "optimizer": self.cfg.optim.name,
+            "global_batch": self.phases[0].global_batch,
+        }
+        (folder / "pretraining_state.json").write_text(json.dumps(state, indent=1))
 
     def _load(self, path: Path) -> dict[str, Any]:
         rank_state, shared = ckpt.load_checkpoint(path, self.env.rank, self.model)
@@ -431,9 +465,27 @@ class Trainer:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
+    def _run_config(self) -> dict[str, Any]:
+        """The resolved config, secrets redacted, plus flat keys to group runs by (W&B cannot group by a
+        list element such as batch.phases[0].global_batch); also written to <run_dir>/config.yaml."""
+        config = dict(OmegaConf.to_container(OmegaConf.structured(self.cfg)))  # type: ignore[arg-type]
+        config.update(
+            optimizer=self.cfg.optim.name,
+            global_batch=self.phases[0].global_batch,
+            world_size=self.env.world_size,
+            # the overrides this process was started with (None when not started as `python -m pretrain`)
+            command=" ".join(["python -m pretrain", *sys.argv[1:]]) if _started_as_pretrain() else None,
+        )
+        return scrub_secrets(config)
+
     def _build_logger(self) -> MetricsLogger:
         if not self.env.is_main:
             return NullLogger()
+        run_config = self._run_config()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / f".config.yaml.tmp-{os.getpid()}"
+        tmp.write_text(OmegaConf.to_yaml(run_config))
+        os.replace(tmp, self.run_dir / "config.yaml")
         loggers: list[MetricsLogger] = [JsonlLogger(self.run_dir / "metrics.jsonl"), ConsoleLogger()]
         wandb = self.cfg.wandb
         if wandb.mode.value != "disabled":
@@ -444,7 +496,7 @@ class Trainer:
                     name=self.cfg.run_name,
                     tags=[*wandb.tags, self.cfg.optim.name, self.cfg.batch.name, self.cfg.model.size.value],
                     mode=wandb.mode.value,
-                    config=dict(OmegaConf.to_container(OmegaConf.structured(self.cfg))),  # type: ignore[arg-type]
+                    config=run_config,
                     directory=self.run_dir,
                 )
             )
@@ -498,9 +550,9 @@ class _Timer:
         return self.last - self.start
 
 
-def _global_norm(params: list[torch.Tensor]) -> float:
-    grads = [p.grad for p in params if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
+def _started_as_pretrain() -> bool:
+    main = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    return main.name == "__main__.py" and main.parent.name == "pretrain"
 
 
 def _onebit_bytes(optimizer: Any) -> float:

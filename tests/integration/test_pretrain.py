@@ -126,6 +126,11 @@ def test_phase_transition(tiny_data: Path, tmp_path: Path):
     tokenizer = AutoTokenizer.from_pretrained(export)
     assert model.config.vocab_size == len(tokenizer) and model.config.num_hidden_layers == 2
     assert parameter_digest(model) == results[0]["digest"]
+    # what fine-tunes read: samples seen, the run and its W&B group (the recipe by default)
+    state = json.loads((export / "pretraining_state.json").read_text())
+    assert state["global_step"] == 50 and state["samples_seen"] > 0
+    assert state["run_name"] == "demo-onebit_lamb-bert_tiny" and state["wandb_group"] == "demo"
+    assert state["optimizer"] == "onebit_lamb" and state["global_batch"] == 32
 
 
 def test_sigusr1_checkpoints_exits_75_and_resume_continues(tiny_data: Path, tmp_path: Path):

@@ -1,0 +1,117 @@
+"""Test-only fault injection for the reliability suite (tests/reliability/): kill, signal or poison the
+gradients of a training process at a chosen step. No effect unless BERT_LAMB_TEST_FAULT is set.
+
+    BERT_LAMB_TEST_FAULT="kill@13:mid_step,rank=1"                  # SIGKILL rank 1 inside step 13
+    BERT_LAMB_TEST_FAULT="kill@12:checkpoint_write,scope=job"       # stop there; the harness kills the job
+    BERT_LAMB_TEST_FAULT="term@22,rank=1;nan@30,rank=0"             # several faults: ';'-separated
+
+A fault is `<action>@<step>[:<point>]` followed by `,key=value` options:
+
+    action   kill        SIGKILL this process (scope=process), or, with scope=job, create the file named
+                         by BERT_LAMB_TEST_FAULT_FILE and wait there to be killed with the whole job
+             term, usr1  send this process SIGTERM / SIGUSR1 (the preemption path)
+             nan, inf    after backward, set one gradient element of this rank to NaN / +Inf
+    step     the global optimizer step (1-based, all phases) the point belongs to
+    point    mid_step (after forward/backward, before the optimizer step; the default for kill),
+             after_step (after the step's metrics, before its checkpoint; the default for signals),
+             after_checkpoint (the checkpoint of that step is complete),
+             checkpoint_write (every file of that step's checkpoint written, COMPLETE not yet)
+    rank     the rank that acts (default 0)
+    attempt  torchrun's TORCHELASTIC_RESTART_COUNT in which the fault fires (default 0), so a job that
+             torchrun restarts does not fire it again
+    scope    process (default) or job (kill only)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ENV = "BERT_LAMB_TEST_FAULT"
+FILE_ENV = "BERT_LAMB_TEST_FAULT_FILE"
+ACTIONS = ("kill", "term", "usr1", "nan", "inf")
+POINTS = ("mid_step", "after_step", "after_checkpoint", "checkpoint_write")
+_SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1}
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    step: int
+    point: str
+    rank: int = 0
+    attempt: int = 0
+    scope: str = "process"
+
+
+def parse(spec: str) -> list[Fault]:
+    """`BERT_LAMB_TEST_FAULT`'s value -> faults; ValueError naming the variable on a bad spec."""
+    faults = []
+    for text in filter(None, (part.strip() for part in spec.split(";"))):
+        head, *options = text.split(",")
+        try:
+            action, _, where = head.partition("@")
+            step_text, _, point = where.partition(":")
+            values = dict(option.split("=", 1) for option in options)
+            default_point = "mid_step" if action in ("kill", "nan", "inf") else "after_step"
+            fault = Fault(
+                action=action,
+                step=int(step_text),
+                point=point or default_point,
+                rank=int(values.pop("rank", 0)),
+                attempt=int(values.pop("attempt", 0)),
+                scope=values.pop("scope", "process"),
+            )
+        except ValueError as error:
+            raise ValueError(f"{ENV}: cannot parse {text!r} ({error})") from None
+        known = action in ACTIONS and fault.point in POINTS and fault.scope in ("process", "job")
+        if values or not known:
+            raise ValueError(f"{ENV}: bad fault {text!r} (actions {ACTIONS}, points {POINTS})")
+        faults.append(fault)
+    return faults
+
+
+class FaultInjector:
+    """The faults of one rank in this attempt; every method is a no-op when there are none."""
+
+    def __init__(self, faults: list[Fault], rank: int, attempt: int):
+        self.faults = [f for f in faults if f.rank == rank and f.attempt == attempt]
+
+    @classmethod
+    def from_env(cls, rank: int) -> FaultInjector:
+        spec = os.environ.get(ENV, "")
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        return cls(parse(spec) if spec else [], rank, attempt)
+
+    def at(self, point: str, step: int) -> None:
+        """Kill or signal this process if a fault is set for (point, step)."""
+        for fault in self.faults:
+            if fault.point != point or fault.step != step:
+                continue
+            if fault.action in _SIGNALS:
+                os.kill(os.getpid(), _SIGNALS[fault.action])
+            elif fault.action == "kill":
+                _kill(fault)
+
+    def poison(self, step: int, params: list[torch.Tensor]) -> None:
+        """Overwrite one gradient element with NaN/Inf if a fault is set for this step."""
+        for fault in self.faults:
+            if fault.step == step and fault.action in ("nan", "inf"):
+                grad = next(p.grad for p in params if p.grad is not None)
+                grad.view(-1)[0] = float("nan") if fault.action == "nan" else float("inf")
+
+
+def _kill(fault: Fault) -> None:
+    if fault.scope == "process":
+        os.kill(os.getpid(), signal.SIGKILL)
+    marker = os.environ.get(FILE_ENV)
+    if not marker:
+        raise RuntimeError(f"{ENV}: scope=job needs {FILE_ENV} (the file the harness waits for)")
+    Path(marker).write_text(f"{os.getpid()} {fault.point} {fault.step}\n")
+    while True:  # the harness SIGKILLs every process of the job now
+        time.sleep(1)
