@@ -11,6 +11,7 @@ TORCH       ?= torch==2.13.0
 CONSTRAINTS ?= constraints.txt
 PIP_C       := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP       := $(VENV)/.setup-stamp
+comma       := ,
 
 DATA   ?=
 ARGS   ?=
@@ -32,7 +33,7 @@ PYTEST_ARGS ?=
 SLOW   ?= 1
 PYTEST_MARK := $(if $(filter 0,$(SLOW)),-m "not slow",)
 
-.PHONY: help setup demo test lint prepare pretrain finetune compare bench clean-prepared
+.PHONY: help setup demo test lint prepare pretrain finetune compare dashboard bench bench-net reliability clean-prepared
 
 help:
 	@echo "make demo      whole pipeline at tiny scale on ../shared/data (creates .venv)"
@@ -40,7 +41,11 @@ help:
 	@echo "make prepare   DATA=<sample|tiny|wikipedia_bookcorpus> ARGS='hydra overrides'"
 	@echo "make pretrain  BATCH=<demo|8k|16k|32k|64k> OPT=<lamb|onebit_lamb|adamw|onebit_adam> MODEL=... NPROC=..."
 	@echo "make finetune  TASK=<squad|mrpc|...|glue> CKPT=<run folder or HF folder> FT_NPROC=... ARGS=..."
+	@echo "make compare   STUDY=<name> RUNS='results/runs/a results/runs/b*' -> results/<name>/report.md"
+	@echo "make dashboard W&B workspace spec (ARGS='save=true entity=<team>' creates it)"
 	@echo "make bench     benchmarks -> results/bench/*.json"
+	@echo "make bench-net emulated-Ethernet benchmark (root) + scaling model -> results/bench/net*.json, results/scaling/"
+	@echo "make reliability  kill -9/resume, bad-input and security suite -> results/reliability.md"
 	@echo "make lint      ruff + mypy"
 
 setup: $(STAMP)
@@ -52,10 +57,37 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q $(PIP_C) -e ".[dev]"
 	@touch $(STAMP)
 
-demo: setup data/prepared/tiny/seq128/manifest.json
-	$(MAKE) --no-print-directory pretrain BATCH=demo OPT=lamb ARGS="run_name=demo-lamb $(ARGS)"
-	$(MAKE) --no-print-directory pretrain BATCH=demo OPT=onebit_lamb ARGS="run_name=demo-onebit_lamb $(ARGS)"
-	@echo "demo: runs in results/runs/demo-lamb and results/runs/demo-onebit_lamb (metrics.jsonl, checkpoints/*/hf)"
+# The demo: prepare -> pretrain (LAMB, 1-bit LAMB; 2 CPU processes, both phases, crossing freeze_step) ->
+# fine-tune both on MRPC and a SQuAD slice -> comparison report in results/demo/ (git-ignored). With no local sample data
+# (no $$BERT_SHARED_DATA, no ../shared/data) it prepares a small slice of the hub datasets and fine-tunes on the
+# hub's GLUE/SQuAD instead. DEMO_FT_ARGS: extra fine-tuning overrides (CI's smoke variant caps the data further).
+SHARED_DATA  := $(or $(BERT_SHARED_DATA),$(abspath ../shared/data))
+DEMO_DATA    := $(if $(wildcard $(SHARED_DATA)/vocab),tiny,hub_tiny)
+DEMO_FT_DATA := $(if $(filter hub_tiny,$(DEMO_DATA)),data_dir=null,)
+DEMO_RUNS    := demo-lamb demo-onebit_lamb
+# Where the demo writes: run folders and the report (tests point these at a temporary folder).
+DEMO_RUNS_DIR ?= results/runs
+DEMO_REPORT   ?= results/demo
+DEMO_FT_ARGS  ?=
+DEMO_FT_COMMON = task.lr=1e-4 seeds=[1] show_progress=false wandb.mode=offline $(DEMO_FT_DATA) $(DEMO_FT_ARGS)
+demo: setup data/prepared/$(DEMO_DATA)/seq128/manifest.json
+	@for run in $(DEMO_RUNS); do \
+	  $(MAKE) --no-print-directory pretrain BATCH=demo OPT=$${run#demo-} DATA=$(DEMO_DATA) \
+	    ARGS="run_name=$$run run_dir=$(DEMO_RUNS_DIR)/$$run show_progress=false wandb.mode=offline $(ARGS)" || exit $$?; \
+	done
+	@for run in $(DEMO_RUNS); do \
+	  out=$(DEMO_RUNS_DIR)/$$run/finetune/final; \
+	  set -x; \
+	  $(PY) -m finetune task=mrpc model_path=$(DEMO_RUNS_DIR)/$$run output_dir=$$out/mrpc $(DEMO_FT_COMMON) || exit $$?; \
+	  $(PY) -m finetune task=squad model_path=$(DEMO_RUNS_DIR)/$$run output_dir=$$out/squad task.epochs=1 \
+	    task.max_length=192 task.doc_stride=64 task.max_train_examples=600 task.max_eval_examples=300 \
+	    $(DEMO_FT_COMMON) || exit $$?; \
+	  set +x; \
+	done
+	$(PY) -m results.compare study=demo output_dir=$(abspath $(DEMO_REPORT)) \
+	  'runs=[$(subst $(eval) ,$(comma),$(addprefix $(abspath $(DEMO_RUNS_DIR))/,$(DEMO_RUNS)))]'
+	@echo "demo: pretraining runs in $(DEMO_RUNS_DIR)/{$(subst $(eval) ,$(comma),$(DEMO_RUNS))} (fine-tunes in */finetune/final/)"
+	@echo "demo: comparison report in $(DEMO_REPORT)/report.md"
 
 test: setup
 	$(PY) -m pytest $(PYTEST_MARK) $(PYTEST_ARGS)
@@ -88,12 +120,29 @@ finetune: setup
 	$(if $(FT_NPROC),$(VENV)/bin/torchrun --standalone --nproc-per-node $(FT_NPROC),$(PY)) -m finetune \
 	  $(if $(filter glue,$(TASK)),-m task=$(GLUE_TASKS),task=$(TASK)) model_path=$(CKPT) $(ARGS)
 
+# comparison report: STUDY=<name> (-> results/<name>/) RUNS="<run folders or globs, space-separated>"
+STUDY ?=
+RUNS  ?=
 compare: setup
-	@$(PY) -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('results.compare') else 'make compare: the comparison step is not in this version yet (issue #6)')"
-	$(PY) -m results.compare $(ARGS)
+	@test -n "$(STUDY)" || { echo "make compare: set STUDY=<name> (the report goes to results/<name>/)" >&2; exit 2; }
+	$(PY) -m results.compare study=$(STUDY) $(if $(strip $(RUNS)),'runs=[$(subst $(eval) ,$(comma),$(strip $(RUNS)))]',) $(ARGS)
+
+# W&B workspace with the comparison's panels: offline it builds the spec; ARGS="save=true entity=<team>" creates it
+dashboard: setup
+	$(PY) -m results.compare.dashboard $(ARGS)
 
 bench: setup
 	$(PY) -m bench $(ARGS)
+
+# needs root (network namespaces, veth, tc); ARGS=--quick for the seconds-long variant (*_quick.json,
+# no scaling report). launch/netns.sh cleanup removes what a killed run left.
+bench-net: setup
+	$(PY) -m bench net $(ARGS)
+	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench scaling)
+
+# tests/reliability with 10 kill points (CI's `make test` runs them with 3); ARGS=--ci for CI's subset
+reliability: setup
+	$(PY) -m tests.reliability.report $(ARGS)
 
 clean-prepared:
 	rm -rf data/prepared

@@ -1,0 +1,205 @@
+"""The comparison's figures (matplotlib, Agg; no pyplot state). Each function returns a Figure or None.
+
+Curves of a group (runs that differ only by seed) are its runs' EMA-smoothed curves interpolated on the
+samples they share; the line is their mean, the band their min-max, the faint line the raw mean.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from results.compare.analysis import ema, group_label, group_runs, onebit_start_samples, phase_boundaries
+from results.compare.runs import Run
+
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def _styles(runs: list[Run]) -> dict[tuple, dict[str, Any]]:
+    """One color per optimizer, one line style per global batch."""
+    optimizers = sorted({r.optimizer for r in runs})
+    batches = sorted({r.global_batch for r in runs})
+    return {
+        key: {
+            "color": COLORS[optimizers.index(key[0]) % len(COLORS)],
+            "linestyle": LINESTYLES[batches.index(key[2]) % len(LINESTYLES)],
+        }
+        for key in group_runs(runs)
+    }
+
+
+def group_curve(
+    members: list[Run], key: str, smoothing: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """-> (samples, mean smoothed, min smoothed, max smoothed, mean raw) over the group's runs."""
+    series = []
+    for run in members:
+        points = [(r["samples_seen"], r[key]) for r in run.records if key in r and math.isfinite(r[key])]
+        if points:
+            x = np.array([p[0] for p in points], dtype=float)
+            raw = np.array([p[1] for p in points], dtype=float)
+            series.append((x, np.array(ema(raw.tolist(), smoothing)), raw))
+    if not series:
+        return None
+    shared = sorted(set.intersection(*(set(x.tolist()) for x, _, _ in series)))
+    if len(shared) >= 2 or len(series) == 1:
+        grid = np.array(shared) if len(series) > 1 else series[0][0]
+    else:  # different logging cadences: interpolate on the first run's points inside every run's range
+        low, high = max(x[0] for x, _, _ in series), min(x[-1] for x, _, _ in series)
+        grid = series[0][0][(series[0][0] >= low) & (series[0][0] <= high)]
+        if grid.size == 0:
+            return None
+    smooth = np.stack([np.interp(grid, x, s) for x, s, _ in series])
+    raw = np.stack([np.interp(grid, x, r) for x, _, r in series])
+    return grid, smooth.mean(axis=0), smooth.min(axis=0), smooth.max(axis=0), raw.mean(axis=0)
+
+
+def _markers(axis, runs: list[Run], styles: dict[tuple, dict[str, Any]]) -> None:
+    boundaries = sorted({b for run in runs for b in phase_boundaries(run)})
+    for index, boundary in enumerate(boundaries):
+        axis.axvline(
+            boundary, color="0.5", linestyle=":", linewidth=1, label="phase end" if index == 0 else None
+        )
+    for key, members in group_runs(runs).items():
+        starts = [s for s in (onebit_start_samples(r) for r in members) if s is not None]
+        if starts:
+            axis.axvline(
+                min(starts),
+                color=styles[key]["color"],
+                linestyle="--",
+                linewidth=1,
+                alpha=0.7,
+                label=f"1-bit stage starts ({group_label(members[0])})",
+            )
+
+
+def pretrain_loss_figure(runs: list[Run], smoothing: float, target: float | None) -> Figure:
+    figure = Figure(figsize=(12, 4.5), layout="constrained")
+    axes = figure.subplots(1, 2)
+    styles = _styles(runs)
+    for axis, key, title in ((axes[0], "mlm_loss", "MLM loss"), (axes[1], "nsp_loss", "NSP loss")):
+        for group_key, members in group_runs(runs).items():
+            curve = group_curve(members, key, smoothing)
+            if curve is None:
+                continue
+            grid, mean, low, high, raw = curve
+            style = styles[group_key]
+            label = f"{group_label(members[0])} ({len(members)} seed{'s' if len(members) > 1 else ''})"
+            axis.plot(grid, raw, color=style["color"], linestyle=style["linestyle"], alpha=0.25, linewidth=1)
+            axis.plot(grid, mean, label=label, linewidth=2, **style)
+            if len(members) > 1:
+                axis.fill_between(grid, low, high, color=style["color"], alpha=0.15, linewidth=0)
+        _markers(axis, runs, styles)
+        if key == "mlm_loss" and target is not None:
+            axis.axhline(target, color="k", linewidth=0.8, alpha=0.6, label=f"target {target:.3f}")
+        axis.set_xlabel("samples seen (sequences)")
+        axis.set_ylabel(f"{title} (EMA {smoothing:g}; faint: raw)")
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return figure
+
+
+def sample_to_accuracy_figure(runs: list[Run], task: str) -> Figure | None:
+    """Fine-tune score vs the checkpoint's pretraining samples: group mean ± pooled std per checkpoint."""
+    styles = _styles(runs)
+    figure = Figure(figsize=(6.5, 4.5), layout="constrained")
+    axis = figure.subplots()
+    metric = None
+    plotted = False
+    groups = group_runs(runs)
+    every_x = [r.samples_seen for run in runs for r in run.finetunes if r.task == task and r.samples_seen]
+    # groups fine-tuned at the same checkpoints would hide each other: a small offset along x each
+    offset = 0.006 * max(every_x, default=0)
+    for index, (group_key, members) in enumerate(groups.items()):
+        by_samples: dict[int, list[float]] = {}
+        for run in members:
+            for result in run.finetunes:
+                if result.task == task and result.samples_seen is not None:
+                    by_samples.setdefault(result.samples_seen, []).extend(result.scores.values())
+                    metric = result.metric
+        if not by_samples:
+            continue
+        xs = sorted(by_samples)
+        shift = (index - (len(groups) - 1) / 2) * offset
+        means = [float(np.mean(by_samples[x])) for x in xs]
+        stds = [float(np.std(by_samples[x], ddof=1)) if len(by_samples[x]) > 1 else 0.0 for x in xs]
+        style = styles[group_key]
+        for x in xs:
+            axis.scatter(
+                [x + shift] * len(by_samples[x]), by_samples[x], color=style["color"], alpha=0.3, s=12
+            )
+        axis.errorbar(
+            [x + shift for x in xs],
+            means,
+            yerr=stds,
+            marker="o",
+            capsize=3,
+            label=group_label(members[0]),
+            linewidth=2,
+            **style,
+        )
+        plotted = True
+    if not plotted:
+        return None
+    axis.set_xlabel("pretraining samples seen (sequences; groups offset slightly)")
+    axis.set_ylabel(f"{task} {metric} (mean ± std over seeds)")
+    axis.set_title(f"{task}: fine-tune score vs pretraining samples")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return figure
+
+
+def bytes_figure(runs: list[Run]) -> Figure | None:
+    """Cumulative bytes sent per rank vs samples, and what LAMB's fp32 allreduce would have sent."""
+    if not any(r.records[-1].get("bytes_cumulative") for r in runs):
+        return None
+    styles = _styles(runs)
+    figure = Figure(figsize=(6.5, 4.5), layout="constrained")
+    axis = figure.subplots()
+    lamb_drawn: set[int] = set()
+    for group_key, members in group_runs(runs).items():
+        curve = group_curve(members, "bytes_cumulative", 0.0)
+        if curve is None:
+            continue
+        style = styles[group_key]
+        axis.plot(curve[0], curve[1] / 1e9, label=group_label(members[0]), linewidth=2, **style)
+        lamb = group_curve(members, "bytes_lamb_cumulative", 0.0)
+        if lamb is not None and members[0].global_batch not in lamb_drawn:
+            lamb_drawn.add(members[0].global_batch)
+            axis.plot(
+                lamb[0],
+                lamb[1] / 1e9,
+                color="k",
+                linestyle=style["linestyle"],
+                linewidth=1,
+                alpha=0.6,
+                label=f"fp32 allreduce equivalent (b{members[0].global_batch})",
+            )
+    _markers(axis, runs, styles)
+    axis.set_xlabel("samples seen (sequences)")
+    axis.set_ylabel("bytes sent per rank, cumulative (GB)")
+    axis.set_title("communication volume")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return figure
+
+
+def figures(runs: list[Run], summary: dict[str, Any]) -> dict[str, Figure]:
+    """{file name: figure} for every plot that has data."""
+    out: dict[str, Figure] = {
+        "pretrain_loss.png": pretrain_loss_figure(runs, summary["smoothing"], summary["target_loss"]["value"])
+    }
+    tasks = sorted({result.task for run in runs for result in run.finetunes})
+    for task in tasks:
+        figure = sample_to_accuracy_figure(runs, task)
+        if figure is not None:
+            out[f"sample_to_accuracy_{task}.png"] = figure
+    figure = bytes_figure(runs)
+    if figure is not None:
+        out["bytes.png"] = figure
+    return out

@@ -1,0 +1,424 @@
+"""The comparison step on synthetic run folders with known numbers: tables, gaps, plots, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from data.config import REPO_ROOT
+from results.compare import build, write_outputs
+from results.compare.analysis import ema, samples_to_target, summarize
+from results.compare.runs import CompareError, load_local_runs, load_wandb_runs, read_metrics
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+BATCH = 8
+STEP_SECONDS = 0.5
+LAMB_BYTES_PER_STEP = 100.0
+FREEZE_STEP = 2
+
+
+def write_run(
+    root: Path,
+    name: str,
+    optimizer: str,
+    seed: int,
+    mlm: list[float],
+    *,
+    config: bool = True,
+    finetunes: dict[str, tuple[int, dict[str, float]]] | None = None,
+) -> Path:
+    """A run folder: config.yaml as the trainer writes it (the keys the comparison reads), one
+    metrics.jsonl record per step, and fine-tune all_results.json files {relative folder: (samples,
+    per-seed f1)}."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    onebit = optimizer.startswith("onebit")
+    if config:
+        phase = {"name": "phase1", "global_batch": BATCH, "steps": len(mlm), "freeze_step": FREEZE_STEP}
+        payload = {
+            "model": {"size": "bert_tiny"},
+            "optim": {"name": optimizer},
+            "batch": {"name": "synthetic", "phases": [phase]},
+            "seed": seed,
+            "optimizer": optimizer,
+            "global_batch": BATCH,
+            "world_size": 2,
+            "command": f"python -m pretrain optim={optimizer} seed={seed}",
+        }
+        (folder / "config.yaml").write_text(yaml.safe_dump(payload))
+    lines, sent = [], 0.0
+    for index, loss in enumerate(mlm):
+        step = index + 1
+        compressed = onebit and step > FREEZE_STEP
+        sent += LAMB_BYTES_PER_STEP / 32 if compressed else LAMB_BYTES_PER_STEP
+        record = {
+            "step": step,
+            "loss": loss + 0.7,
+            "mlm_loss": loss,
+            "nsp_loss": 0.7 - 0.01 * step,
+            "phase": 1,
+            "samples_seen": BATCH * step,
+            "step_seconds": STEP_SECONDS,
+            "samples_per_s": BATCH / STEP_SECONDS,
+            "bytes_cumulative": sent,
+            "bytes_lamb_cumulative": LAMB_BYTES_PER_STEP * step,
+        }
+        if onebit:
+            record["onebit_stage"] = float(compressed)
+        lines.append(json.dumps(record))
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    for relative, (samples, scores) in (finetunes or {}).items():
+        target = folder / "finetune" / relative / "all_results.json"
+        target.parent.mkdir(parents=True)
+        per_seed = {seed: {"f1": value, "accuracy": value - 0.1} for seed, value in scores.items()}
+        target.write_text(
+            json.dumps(
+                {
+                    "task": "mrpc",
+                    "main_metric": "f1",
+                    "main_metric_key": "f1",
+                    "pretraining_samples_seen": samples,
+                    "per_seed": per_seed,
+                }
+            )
+        )
+    return folder
+
+
+LAMB_1 = [10.0, 9.0, 8.0, 7.0, 6.0, 5.0]
+LAMB_2 = [10.0, 9.0, 8.0, 7.0, 6.0, 7.0]
+ONEBIT_1 = [10.0, 9.5, 8.5, 7.5, 6.6, 5.9]
+ONEBIT_2 = [10.0, 9.6, 8.7, 7.7, 7.0, 6.5]
+FT_LAMB_1 = {"1": 0.80, "2": 0.84}
+FT_LAMB_2 = {"1": 0.82, "2": 0.86}
+FT_ONEBIT_1 = {"1": 0.81, "2": 0.83}
+FT_ONEBIT_2 = {"1": 0.79, "2": 0.85}
+
+
+@pytest.fixture
+def study(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    final = BATCH * len(LAMB_1)
+    # new layout (<checkpoint>/<task>) with an earlier checkpoint too, and the old layout (<task>)
+    write_run(
+        root,
+        "syn-lamb-s1",
+        "lamb",
+        1,
+        LAMB_1,
+        finetunes={
+            "step-00000003/mrpc": (BATCH * 3, {"1": 0.70, "2": 0.72}),
+            "step-00000006/mrpc": (final, FT_LAMB_1),
+        },
+    )
+    write_run(root, "syn-lamb-s2", "lamb", 2, LAMB_2, finetunes={"mrpc": (final, FT_LAMB_2)})
+    write_run(root, "syn-onebit-s1", "onebit_lamb", 1, ONEBIT_1, finetunes={"mrpc": (final, FT_ONEBIT_1)})
+    write_run(root, "syn-onebit-s2", "onebit_lamb", 2, ONEBIT_2, finetunes={"mrpc": (final, FT_ONEBIT_2)})
+    return root
+
+
+def compare_cfg(output_dir: Path, **overrides):
+    values = {
+        "study": "syn",
+        "output_dir": str(output_dir),
+        "target_loss": None,
+        "target_margin": 0.02,
+        "reference_optimizer": "lamb",
+        "smoothing": 0.0,
+        "final_window": 2,
+    }
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def summary_of(runs, **overrides):
+    cfg = compare_cfg(Path("unused"), **overrides)
+    return summarize(
+        runs,
+        target_loss=cfg.target_loss,
+        reference_optimizer=cfg.reference_optimizer,
+        target_margin=cfg.target_margin,
+        smoothing=cfg.smoothing,
+        final_window=cfg.final_window,
+    )
+
+
+def test_per_run_numbers(study: Path):
+    summary = summary_of(load_local_runs(["syn-*"], root=study))
+    # auto target: the worst final MLM loss of the LAMB runs, (6 + 7) / 2 for seed 2, plus 2%
+    assert summary["target_loss"]["value"] == pytest.approx(6.5 * 1.02)
+    runs = {r["name"]: r for r in summary["runs"]}
+    assert sorted(runs) == ["syn-lamb-s1", "syn-lamb-s2", "syn-onebit-s1", "syn-onebit-s2"]
+    lamb, onebit = runs["syn-lamb-s1"], runs["syn-onebit-s2"]
+    assert lamb["final_mlm_loss"] == pytest.approx(5.5)
+    assert lamb["final_nsp_loss"] == pytest.approx(((0.7 - 0.05) + (0.7 - 0.06)) / 2)
+    # first loss at or below 6.63: step 5 (6.0) for LAMB seed 1; step 6 (6.5) for 1-bit seed 2
+    assert lamb["samples_to_target"] == 5 * BATCH
+    assert onebit["samples_to_target"] == 6 * BATCH
+    assert runs["syn-onebit-s1"]["samples_to_target"] == 5 * BATCH  # 6.6 <= 6.63
+    assert lamb["volume_reduction_vs_lamb"] == pytest.approx(1.0)
+    onebit_bytes = 2 * LAMB_BYTES_PER_STEP + 4 * LAMB_BYTES_PER_STEP / 32
+    assert onebit["bytes_cumulative"] == pytest.approx(onebit_bytes)
+    assert onebit["volume_reduction_vs_lamb"] == pytest.approx(6 * LAMB_BYTES_PER_STEP / onebit_bytes)
+    assert onebit["onebit_start_samples"] == FREEZE_STEP * BATCH
+    assert lamb["onebit_start_samples"] is None
+    assert lamb["train_seconds"] == pytest.approx(6 * STEP_SECONDS)
+    assert lamb["samples_per_s"] == pytest.approx(6 * BATCH / (6 * STEP_SECONDS))
+    # the last fine-tuned checkpoint's scores, not the earlier one's
+    mrpc = lamb["finetune"]["mrpc"]
+    assert mrpc["pretraining_samples_seen"] == 6 * BATCH
+    assert mrpc["mean"] == pytest.approx(0.82)
+    assert mrpc["std"] == pytest.approx(statistics.stdev([0.80, 0.84]))
+    assert lamb["command"] == "python -m pretrain optim=lamb seed=1"
+
+
+def test_groups_and_gap(study: Path):
+    summary = summary_of(load_local_runs(["syn-*"], root=study))
+    groups = {g["optimizer"]: g for g in summary["groups"]}
+    assert set(groups) == {"lamb", "onebit_lamb"}
+    lamb, onebit = groups["lamb"], groups["onebit_lamb"]
+    assert lamb["runs"] == ["syn-lamb-s1", "syn-lamb-s2"] and lamb["seeds"] == [1, 2]
+    assert lamb["final_mlm_loss"]["mean"] == pytest.approx(6.0)
+    assert lamb["final_mlm_loss"]["std"] == pytest.approx(math.sqrt(0.5))  # stdev of 5.5, 6.5
+    assert onebit["final_mlm_loss"]["mean"] == pytest.approx(6.5)  # (6.25 + 6.75) / 2
+    assert onebit["samples_to_target"]["mean"] == pytest.approx(44.0)
+    assert onebit["samples_to_target"]["std"] == pytest.approx(statistics.stdev([40, 48]))
+    assert onebit["samples_to_target"]["reached"] == 2
+    mrpc = lamb["finetune"]["mrpc"]
+    assert mrpc["over_pretraining_seeds"]["mean"] == pytest.approx(0.83)  # run means 0.82, 0.84
+    assert mrpc["over_pretraining_seeds"]["std"] == pytest.approx(statistics.stdev([0.82, 0.84]))
+    assert mrpc["pooled"]["n"] == 4
+    assert mrpc["pooled"]["std"] == pytest.approx(statistics.stdev([0.80, 0.84, 0.82, 0.86]))
+
+    (gap,) = summary["gaps"]
+    assert gap["group"].startswith("onebit_lamb") and gap["reference"].startswith("lamb")
+    assert gap["equal_samples"] is True
+    assert gap["final_mlm_loss_gap_pct"] == pytest.approx(100 * (6.5 - 6.0) / 6.0)
+    assert gap["within_1pct"] is False
+    downstream = gap["finetune"]["mrpc"]
+    assert downstream["gap"] == pytest.approx(0.82 - 0.83)
+    pooled = math.sqrt(
+        (statistics.stdev([0.81, 0.83, 0.79, 0.85]) ** 2 + statistics.stdev([0.80, 0.84, 0.82, 0.86]) ** 2)
+        / 2
+    )
+    assert downstream["pooled_std"] == pytest.approx(pooled)
+    assert downstream["within_noise"] is True
+
+
+def test_outputs_report_plots_and_summary(study: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # a user's file stays
+    runs = load_local_runs([str(study / "syn-*")])
+    cfg = compare_cfg(out)
+    outputs = build(runs, cfg, "python -m results.compare study=syn")
+    write_outputs(out, outputs)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        "bytes.png",
+        "notes.txt",
+        "pretrain_loss.png",
+        "report.md",
+        "sample_to_accuracy_mrpc.png",
+        "summary.json",
+    ]
+    from matplotlib.image import imread
+
+    for png in ("pretrain_loss.png", "sample_to_accuracy_mrpc.png", "bytes.png"):
+        assert (out / png).read_bytes().startswith(PNG_SIGNATURE)
+        height, width = imread(out / png).shape[:2]
+        assert height > 200 and width > 300
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["study"] == "syn"
+    assert summary["gaps"][0]["final_mlm_loss_gap_pct"] == pytest.approx(100 * 0.5 / 6.0)
+    report = (out / "report.md").read_text()
+    assert "| syn-lamb-s1 | 40 | 5.5000 |" in report
+    assert "+8.33%" in report
+    assert "python -m pretrain optim=onebit_lamb seed=2" in report
+    assert "![pretrain_loss.png](pretrain_loss.png)" in report
+
+
+def test_smoothing_and_explicit_target(tmp_path: Path):
+    assert ema([4.0, 2.0, 2.0, 1.0], 0.5) == [4.0, 3.0, 2.5, 1.75]
+    write_run(tmp_path, "r-lamb", "lamb", 1, [4.0, 2.0, 2.0, 1.0])
+    (run,) = load_local_runs(["r-lamb"], root=tmp_path)
+    assert samples_to_target(run, 2.6, 0.5) == 3 * BATCH  # smoothed 2.5 at step 3
+    assert samples_to_target(run, 2.6, 0.0) == 2 * BATCH  # raw 2.0 at step 2
+    assert samples_to_target(run, 0.5, 0.5) is None
+    summary = summary_of([run], target_loss=2.6, smoothing=0.5)
+    assert summary["target_loss"] == {"value": 2.6, "how": "set with target_loss"}
+    assert summary["runs"][0]["samples_to_target"] == 3 * BATCH
+
+
+def test_resumed_run_keeps_the_later_record_and_nonfinite_values(tmp_path: Path):
+    path = tmp_path / "metrics.jsonl"
+    records = [
+        {"step": 1, "samples_seen": 8, "mlm_loss": 5.0},
+        {"step": 2, "samples_seen": 16, "mlm_loss": 4.0},
+        {"step": 2, "samples_seen": 16, "mlm_loss": 3.5},  # re-logged after a resume
+        {"step": 3, "samples_seen": 24, "mlm_loss": "nan"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    loaded = read_metrics(path)
+    assert [r["step"] for r in loaded] == [1, 2, 3]
+    assert loaded[1]["mlm_loss"] == 3.5
+    assert math.isnan(loaded[2]["mlm_loss"])
+
+
+def test_globs_deduplicate_and_missing_config_is_inferred(tmp_path: Path):
+    write_run(tmp_path, "a-lamb", "lamb", 1, LAMB_1)
+    write_run(tmp_path, "b8-onebit_lamb-bert_tiny", "onebit_lamb", 1, ONEBIT_1, config=False)
+    runs = load_local_runs(["*-lamb", "a-lamb", "b8-*"], root=tmp_path)
+    assert [r.name for r in runs] == ["a-lamb", "b8-onebit_lamb-bert_tiny"]
+    inferred = runs[1]
+    assert (inferred.optimizer, inferred.global_batch, inferred.batch_name) == ("onebit_lamb", BATCH, "b8")
+    assert inferred.config_note and "inferred" in inferred.config_note
+
+
+def test_bad_inputs_name_the_file_and_line(tmp_path: Path):
+    folder = write_run(tmp_path, "r-lamb", "lamb", 1, LAMB_1)
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    lines[2] = lines[2][:-5]  # truncated JSON on line 3
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(CompareError, match=rf"{folder / 'metrics.jsonl'}:3: malformed JSON"):
+        load_local_runs(["r-lamb"], root=tmp_path)
+
+    lines[2] = json.dumps({"step": 3, "samples_seen": 24})
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(CompareError, match=r"metrics.jsonl:3: 'mlm_loss' missing"):
+        load_local_runs(["r-lamb"], root=tmp_path)
+
+    with pytest.raises(CompareError, match=r"no run folder matches 'nothing-\*'"):
+        load_local_runs(["nothing-*"], root=tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CompareError, match=r"empty: no metrics.jsonl"):
+        load_local_runs(["empty"], root=tmp_path)
+
+    good = write_run(tmp_path, "g-lamb", "lamb", 1, LAMB_1, finetunes={"mrpc": (48, {"1": 0.8})})
+    results = good / "finetune" / "mrpc" / "all_results.json"
+    results.write_text('{"task": "mrpc",\n "per_seed": }')
+    with pytest.raises(CompareError, match=rf"{results}:2: malformed JSON"):
+        load_local_runs(["g-lamb"], root=tmp_path)
+    results.write_text(json.dumps({"task": "mrpc", "main_metric_key": "f1", "per_seed": {"1": {"acc": 1}}}))
+    with pytest.raises(CompareError, match=r"per_seed.1.f1 missing"):
+        load_local_runs(["g-lamb"], root=tmp_path)
+
+
+def test_command_line_errors_write_nothing(tmp_path: Path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "results.compare",
+            "study=syn",
+            f"runs=[{tmp_path}/nothing-*]",
+            f"output_dir={out}",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"compare: error: runs: no run folder matches '{tmp_path}/nothing-*' (looked in {REPO_ROOT})"
+    ]
+    assert not out.exists()
+
+
+def test_command_line_writes_the_study(study: Path, tmp_path: Path):
+    out = tmp_path / "study-out"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "results.compare",
+            "study=syn",
+            f"runs=[{study}/syn-lamb-*,{study}/syn-onebit-*]",
+            f"output_dir={out}",
+            "final_window=2",
+            "smoothing=0",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["name"] for r in summary["runs"]] == [
+        "syn-lamb-s1",
+        "syn-lamb-s2",
+        "syn-onebit-s1",
+        "syn-onebit-s2",
+    ]
+    assert summary["gaps"][0]["final_mlm_loss_gap_pct"] == pytest.approx(100 * 0.5 / 6.0)
+    assert not [p for p in out.iterdir() if ".tmp" in p.name]
+
+
+class FakeWandbRun:
+    def __init__(self, name, job_type, config, history=(), summary=None):
+        self.name, self.id, self.job_type = name, f"id-{name}", job_type
+        self.config, self.summary, self.history = config, summary or {}, list(history)
+
+    def scan_history(self):
+        return iter(self.history)
+
+
+class FakeWandbApi:
+    def __init__(self, runs):
+        self.runs_, self.calls = runs, []
+
+    def runs(self, path, filters):
+        self.calls.append((path, filters))
+        return self.runs_
+
+
+def test_wandb_source_reads_history_config_and_finetunes():
+    history = [
+        {"_step": step, "samples_seen": 32 * step, "mlm_loss": 10.0 - step, "nsp_loss": 0.69}
+        for step in (10, 20)
+    ] + [{"_step": 20, "system/cpu": 3.0}]  # rows without the metrics are ignored
+    pretrain = FakeWandbRun(
+        "demo-onebit_lamb",
+        "pretrain",
+        {"optimizer": "onebit_lamb", "global_batch": 32, "seed": 7, "batch": {"name": "demo", "phases": []}},
+        history,
+        {"_runtime": 12.5},
+    )
+    finetunes = [
+        FakeWandbRun(
+            f"ft{seed}",
+            "finetune",
+            {
+                "task": {"name": "mrpc"},
+                "run_name": "demo-onebit_lamb",
+                "seed": seed,
+                "pretraining_samples_seen": 640,
+            },
+            summary={"eval/f1": score},
+        )
+        for seed, score in ((1, 0.7), (2, 0.9))
+    ]
+    other = FakeWandbRun("other-lamb", "pretrain", {"optimizer": "lamb", "global_batch": 32}, history)
+    api = FakeWandbApi([pretrain, *finetunes, other])
+    (run,) = load_wandb_runs("bert-lamb", "team", "demo", ["demo-*"], api=api)
+    assert api.calls == [("team/bert-lamb", {"group": "demo"})]
+    assert (run.optimizer, run.global_batch, run.seed, run.batch_name) == ("onebit_lamb", 32, 7, "demo")
+    assert [(r["step"], r["mlm_loss"]) for r in run.records] == [(10.0, 0.0), (20.0, -10.0)]
+    assert [r["samples_seen"] for r in run.records] == [320.0, 640.0]
+    assert run.wall_seconds == 12.5
+    (result,) = run.finetunes
+    assert (result.task, result.metric, result.samples_seen) == ("mrpc", "f1", 640)
+    assert result.scores == {"1": 0.7, "2": 0.9}
+    with pytest.raises(CompareError, match="no pretraining run"):
+        load_wandb_runs("bert-lamb", None, None, ["nope-*"], api=api)
