@@ -59,10 +59,26 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistributedEnv:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
+        timeout = datetime.timedelta(minutes=timeout_minutes)
         dist.init_process_group(
-            backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(minutes=timeout_minutes)
+            backend, rank=rank, world_size=world_size, timeout=timeout, store=_attempt_store(world_size, timeout)
         )
     return DistributedEnv(rank, world_size, local_rank, device, backend)
+
+
+def _attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun with its agent's store, a store whose keys are private to this restart attempt.
+
+    torch 2.13's env:// init reads keys that the attempt before a `--max-restarts` restart left in the
+    agent's store: the new ranks' gloo connects to the dead ranks' ports ("connectFullMesh failed ...
+    Connection refused") and the restarted job fails. None (plain env://) everywhere else."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"/bert_lamb/attempt_{attempt}", store)
 
 
 def shutdown_distributed() -> None:

@@ -50,7 +50,8 @@ def overrides(data: Path, run_dir: Path, optim: str, *extra: str) -> list[str]:
 def test_two_ranks_learn_with_identical_replicas(tiny_data: Path, tmp_path: Path, optim: str):
     run_dir = tmp_path / optim
     # Adam without bias correction needs an Adam-sized LR, not the recipe's LAMB one (DeepSpeed: 4e-4)
-    lr = ["batch.phases.0.lr=1e-3"] if optim == "onebit_adam" else []
+    # (1e-3 diverges after freeze_step on some trained tiny vocabularies, which differ run to run)
+    lr = ["batch.phases.0.lr=4e-4"] if optim == "onebit_adam" else []
     results = run_local(train_worker, 2, (overrides(tiny_data, run_dir, optim, "max_steps=24", *lr),))
     assert results[0]["digest"] == results[1]["digest"], "replicas diverged"
     metrics = read_metrics(run_dir)

@@ -27,6 +27,10 @@ from pretrain.checkpoint import latest_checkpoint
 # Wall-clock and throughput fields differ between any two runs; everything else in a metrics line must
 # be bitwise identical between an interrupted-and-resumed run and an uninterrupted one.
 TIMING_KEYS = ("samples_per_s", "tokens_per_s", "step_seconds", "mfu")
+# Diagnostics summed over DDP's gradient buckets in the communication hook: a fresh process's first step
+# uses DDP's initial bucket layout, later steps the rebuilt one, so after a resume the float sum runs in
+# another order (the gradients themselves are elementwise and stay bitwise equal). Compared to 1e-5.
+DIAGNOSTIC_KEYS = ("gradient_noise_scale",)
 
 
 def pretrain_overrides(data: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -158,27 +162,32 @@ def deterministic(record: dict[str, Any]) -> dict[str, Any]:
 
 def compare_trajectories(reference: list[dict], resumed: list[dict]) -> tuple[int, int]:
     """Every step of `resumed` (a step replayed after a kill appears more than once) must equal the
-    reference's record for that step, bit for bit, in every non-timing field. -> (steps, records)."""
+    reference's record for that step, bit for bit, in every non-timing field (DIAGNOSTIC_KEYS to a relative
+    1e-5). -> (steps, records)."""
     expected = {record["step"]: deterministic(record) for record in reference}
     seen: set[int] = set()
     for record in resumed:
         step = record["step"]
         assert step in expected, f"step {step} is not in the uninterrupted run"
         got = deterministic(record)
-        if got != expected[step]:
-            differing = sorted(k for k in expected[step] if not _same(got.get(k), expected[step][k]))
+        differing = sorted(
+            k for k in expected[step].keys() | got.keys() if not _same(got.get(k), expected[step].get(k), k)
+        )
+        if differing:
             raise AssertionError(
                 f"step {step} differs from the uninterrupted run in {differing}: "
-                + ", ".join(f"{k}: {got.get(k)!r} vs {expected[step][k]!r}" for k in differing[:4])
+                + ", ".join(f"{k}: {got.get(k)!r} vs {expected[step].get(k)!r}" for k in differing[:4])
             )
         seen.add(step)
     assert seen == set(expected), f"steps missing after resume: {sorted(set(expected) - seen)}"
     return len(seen), len(resumed)
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: Any, b: Any, key: str = "") -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
+    if key in DIAGNOSTIC_KEYS and isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-5)
     return a == b
 
 

@@ -139,6 +139,14 @@ def test_comparators_detect_a_difference(tmp_path: Path, model):
         compare_trajectories(reference, [reference[0], {**reference[1], "loss": 2.2500000000000004}])
     with pytest.raises(AssertionError, match="missing"):
         compare_trajectories(reference, reference[:1])
+    with pytest.raises(AssertionError, match=r"in \['mlm_loss'\]"):  # a field only one side has
+        compare_trajectories(reference, [reference[0], {**reference[1], "mlm_loss": 2.0}])
+    # the gradient noise scale is summed in another order after a resume: 1e-5 relative, not bitwise
+    noisy = [{**r, "gradient_noise_scale": 47.87969931928377} for r in reference]
+    near = [noisy[0], {**noisy[1], "gradient_noise_scale": 47.87973431542587}]
+    assert compare_trajectories(noisy, near) == (2, 2)
+    with pytest.raises(AssertionError, match="gradient_noise_scale"):
+        compare_trajectories(noisy, [noisy[0], {**noisy[1], "gradient_noise_scale": 47.9}])
     first = checkpoint_digests(_save(tmp_path / "a", 1, model))
     with torch.no_grad():
         model.weight[0, 0] = torch.nextafter(model.weight[0, 0], torch.tensor(9.0))  # one ulp
