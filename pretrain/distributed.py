@@ -60,9 +60,8 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistributedEnv:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         timeout = datetime.timedelta(minutes=timeout_minutes)
-        dist.init_process_group(
-            backend, rank=rank, world_size=world_size, timeout=timeout, store=_attempt_store(world_size, timeout)
-        )
+        store = _attempt_store(world_size, timeout)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, store=store)
     return DistributedEnv(rank, world_size, local_rank, device, backend)
 
 
@@ -75,9 +74,8 @@ def _attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store |
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
-    )
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
     return dist.PrefixStore(f"/bert_lamb/attempt_{attempt}", store)
 
 
