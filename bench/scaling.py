@@ -435,7 +435,7 @@ def report(
     lines = [
         "# Scaling model: LAMB vs 1-bit LAMB, BERT-Large, 16-256 GPUs",
         "",
-        "Reproduce: `make bench-net` (measurements, ~15-20 min, root) then `python -m bench scaling` (this",
+        "Reproduce: `make bench-net` (measurements, ~30 min as root: allreduce ~16, end to end ~11) then `python -m bench scaling` (this",
         "report, `projection.json`, `speedup.png`; seconds). Model and formulas: `bench/scaling.py`.",
         "",
         "## What was measured (emulated Ethernet on one 2-core machine, `results/bench/net*.json`)",
