@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from results.compare.runs import CompareError, FinetuneResult, Run
+from data.config import REPO_ROOT
+from results.compare.runs import CompareError, FinetuneResult, Run, display_path
 
 FINAL_LOSS_TARGET_PCT = 1.0  # the target for the final MLM loss gap
 
@@ -158,7 +159,7 @@ def run_summary(run: Run, target: Target, smoothing: float, window: int) -> dict
     samples = int(last["samples_seen"])
     return {
         "name": run.name,
-        "source": run.source,
+        "source": display_path(run.source, REPO_ROOT),
         "group": group_label(run),
         "optimizer": run.optimizer,
         "batch": run.batch_name,

@@ -244,6 +244,12 @@ def _phase_shapes(phases: list[dict[str, Any]]) -> list[tuple[int, int]]:
         return []
 
 
+def display_path(source: str, root: Path) -> str:
+    """A local run folder relative to `root` when inside it (reports stay valid in clones); W&B ones as is."""
+    path = Path(source)
+    return _relative(path, root) if path.is_absolute() else source
+
+
 def _relative(path: Path, root: Path) -> str:
     try:
         return str(path.resolve().relative_to(root.resolve()))

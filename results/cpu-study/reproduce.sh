@@ -3,7 +3,7 @@
 # processes with LAMB and 1-bit LAMB at global batch 32 and 128, seeds 1-3; each final checkpoint fine-tuned on
 # MRPC, RTE, SST-2 and SQuAD v1.1 (dev split, see FT_* below); then `make compare`. Runs go to
 # results/runs/cpu-study-*; a run whose summary.json (or fine-tune all_results.json) exists is skipped, so the
-# script can be re-run after an interruption. About 80 min on 2 otherwise idle cores.
+# script can be re-run after an interruption. 56 min on 2 otherwise idle cores (2026-11-22), + 4 min ablation.
 #   results/cpu-study/reproduce.sh            # everything
 #   SEEDS="1" BATCHES="cpu_study_b128" results/cpu-study/reproduce.sh   # a subset
 set -euo pipefail
@@ -68,3 +68,16 @@ for run_dir in results/runs/cpu-study-*; do
   (cd "$run_dir" && find finetune -name all_results.json -exec cp --parents {} "../../../$keep/" \;) || true
 done
 $PY -m results.compare study=cpu-study 'runs=[results/cpu-study/runs/cpu-study-*]'
+
+# 4. ablation (README.md here): 1-bit LAMB at b128 on ONE process, where the compressed allreduce is the identity
+#    (spec §2: n = 1 sends nothing and keeps no error), so only the frozen variance and coefficients differ from LAMB
+if [[ ${ABLATION:-1} == 1 && ! -f results/runs/ablation-b128-onebit_lamb-n1-s1/summary.json ]]; then
+  OMP_NUM_THREADS=2 $PY -m pretrain batch=cpu_study_b128 optim=onebit_lamb model=bert_mini \
+    data_dir=data/prepared/sample seed=1 run_name=ablation-b128-onebit_lamb-n1-s1 log_every=2 \
+    checkpoint.every_steps=0 wandb.mode=disabled show_progress=false
+fi
+if [[ -f results/runs/ablation-b128-onebit_lamb-n1-s1/summary.json ]]; then
+  mkdir -p results/cpu-study/ablation/b128-onebit_lamb-n1-s1
+  cp results/runs/ablation-b128-onebit_lamb-n1-s1/{metrics.jsonl,summary.json,config.yaml} \
+    results/cpu-study/ablation/b128-onebit_lamb-n1-s1/
+fi

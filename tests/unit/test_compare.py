@@ -16,7 +16,7 @@ import yaml
 from data.config import REPO_ROOT
 from results.compare import build, write_outputs
 from results.compare.analysis import ema, samples_to_target, summarize
-from results.compare.runs import CompareError, load_local_runs, load_wandb_runs, read_metrics
+from results.compare.runs import CompareError, display_path, load_local_runs, load_wandb_runs, read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BATCH = 8
@@ -422,3 +422,11 @@ def test_wandb_source_reads_history_config_and_finetunes():
     assert result.scores == {"1": 0.7, "2": 0.9}
     with pytest.raises(CompareError, match="no pretraining run"):
         load_wandb_runs("bert-lamb", None, None, ["nope-*"], api=api)
+
+
+def test_report_paths_are_relative_to_the_repository(tmp_path):
+    root = tmp_path / "repo"
+    (root / "results" / "runs" / "b32-lamb").mkdir(parents=True)
+    assert display_path(str(root / "results" / "runs" / "b32-lamb"), root) == "results/runs/b32-lamb"
+    assert display_path(str(tmp_path / "elsewhere"), root) == str(tmp_path / "elsewhere")
+    assert display_path("team/bert/abc123", root) == "team/bert/abc123"  # a W&B run path
