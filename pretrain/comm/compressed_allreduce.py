@@ -9,18 +9,30 @@ How an optimizer uses it (1-bit LAMB / 1-bit Adam compression stage, spec §3.5 
    The buffer is overwritten IN PLACE with the compressed average, identical bit for bit on every
    rank; the pad region takes part like any other element (do not re-zero it).
 3. Checkpoint ``engine.state_dict()`` per rank; restore with ``load_state_dict`` (raises
-   :class:`ErrorStateMismatch`, a ``ValueError``, for another world size/rank/length, or pass
+   :class:`ErrorStateMismatch`, a ``ValueError``, for another world size/rank/length/layout, or pass
    ``reset_on_mismatch=True`` to zero the errors with a logged warning instead).
 
 Never call it with non-finite values: a NaN or inf poisons the persistent error buffers (the scales
 become NaN); skip the step on all ranks first (spec §5.3), or ``reset_errors()`` afterwards.
 
-What is communicated per call (n ranks, N elements, C = N/n):
+Scales (``layout``, :mod:`pretrain.comm.layout`): by default DeepSpeed's, one scale per worker
+buffer and one per server chunk. ``ScaleLayout.from_blocks`` gives one scale per tensor, or per row
+of an embedding matrix, for workers and servers alike; the scales travel with the signs of their
+chunk. ``sign_scale``: the scale of a segment y is ‖y‖₂/√len (``rms``, DeepSpeed) or ‖y‖₁/len
+(``mean_abs``, the scale that minimises ‖y − s·sign(y)‖₂).
+
+Virtual workers (``virtual_workers=k``): each process stands for k data-parallel workers, each with
+its own worker error; the call takes a ``[k, numel]`` buffer (row w = worker w's local values) and
+writes the average into ``out``. The n = (group size)·k workers are numbered process-major (process
+r holds workers r·k … r·k + k − 1 and serves chunks r·k … r·k + k − 1), and every sum runs in that
+order, so k virtual workers on one process give bitwise what k processes give (tested).
+
+What is communicated per call (n workers, N elements, C = N/n, S segments over all chunks):
 
 - phase 1: ``all_to_all_single`` of the packed worker signs (N/8 uint8, chunk j of C/8 bytes goes to
-  rank j) and an all_gather of the n fp32 worker scales;
-- phase 2: an all_gather of the n packed server chunks (C/8 uint8 each) and of the n fp32 server
-  scales.
+  the server of chunk j) and of the worker scales of each chunk's segments;
+- phase 2: an all_gather of the n packed server chunks (C/8 uint8 each) and an exchange of the
+  servers' scales (S fp32 over all chunks).
 
 No collective reduces packed bytes and no PREMUL_SUM is used, so gloo and NCCL both work. With
 n == 1 the call returns the buffer untouched: no compression and no error feedback, exactly as
@@ -38,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.comm.counter import TrafficCounter, compressed_call_traffic
+from pretrain.comm.layout import Run, ScaleLayout
 from pretrain.comm.packing import BITS_PER_BYTE, SignPacker, get_packer
 
 logger = logging.getLogger(__name__)
@@ -90,6 +103,8 @@ def _torch_version() -> tuple[int, int]:
 
 def default_collective_mode(group: dist.ProcessGroup | None = None) -> CollectiveMode:
     """The one place that decides whether the native collectives can be used on ``group``."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return CollectiveMode.NATIVE  # no collectives at all (one process of virtual workers)
     backend = str(dist.get_backend(group)).lower()
     if "gloo" in backend and _torch_version() < _FIRST_TORCH_WITH_GLOO_ALL_GATHER_INTO_TENSOR:
         return CollectiveMode.ALL_GATHER
@@ -100,20 +115,97 @@ def default_collective_mode(group: dist.ProcessGroup | None = None) -> Collectiv
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+class SignScale(str, enum.Enum):
+    """The scale s of a segment y in Q(y) = s·sign(y)."""
+
+    rms = "rms"  # ‖y‖₂/√len (DeepSpeed): ‖Q(y)‖ = ‖y‖
+    mean_abs = "mean_abs"  # ‖y‖₁/len: minimises ‖y − s·sign(y)‖₂ for the given signs
+
+
 class ErrorStateMismatch(ValueError):
-    """A saved error state does not fit this instance (other world size, rank or buffer length)."""
+    """A saved error state does not fit this instance (other world size, rank, length or layout)."""
+
+
+class _RunPlan:
+    """One list of runs prepared for the engine: the scale of every segment, and segment-wise scaling.
+
+    Single-row runs (a whole tensor, a piece of one) are handled together by one `_foreach` call;
+    each multi-row run (an embedding's rows) by one call on a [rows, row_length] view.
+    """
+
+    def __init__(self, runs: list[Run], sign_scale: SignScale, device: torch.device) -> None:
+        self.runs = runs
+        self.num_segments = sum(run.rows for run in runs)
+        self.order = 2 if sign_scale is SignScale.rms else 1
+        self.root = sign_scale is SignScale.rms
+        self.one_segment = len(runs) == 1 and runs[0].rows == 1
+        singles, positions, self.row_blocks = [], [], []
+        position = 0
+        for run in runs:
+            if run.rows == 1:
+                singles.append(run)
+                positions.append(position)
+            else:
+                self.row_blocks.append((run, position))
+            position += run.rows
+        self.single_bounds = [(run.start, run.end) for run in singles]
+        self.single_positions = torch.tensor(positions, dtype=torch.int64, device=device)
+        self.single_divisors = torch.tensor(
+            [self.divisor(run.row_length) for run in singles], dtype=torch.float32, device=device
+        )
+
+    def divisor(self, length: int) -> float:
+        return math.sqrt(length) if self.root else float(length)
+
+    def scales(self, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out[i] ← the scale of segment i of ``values`` (1-D, laid out like the runs)."""
+        if self.one_segment:  # the expression of spec §2 (and of DeepSpeed), for bitwise parity
+            (run,) = self.runs
+            norm = torch.linalg.vector_norm(values[run.start : run.end], self.order)
+            return out.copy_((norm / self.divisor(run.row_length)).reshape(1))
+        if self.single_bounds:
+            pieces = [values[start:end] for start, end in self.single_bounds]
+            norms = torch.stack(torch._foreach_norm(pieces, self.order))
+            out.index_copy_(0, self.single_positions, norms.div_(self.single_divisors))
+        for run, position in self.row_blocks:
+            target = out[position : position + run.rows]
+            rows = values[run.start : run.end].view(run.rows, run.row_length)
+            torch.linalg.vector_norm(rows, self.order, dim=1, out=target)
+            target.div_(self.divisor(run.row_length))
+        return out
+
+    def apply(self, values: torch.Tensor, scales: torch.Tensor) -> None:
+        """values[segment i] *= scales[i] (values hold ±1 here: the products are exact)."""
+        if self.single_bounds:
+            pieces = [values[start:end] for start, end in self.single_bounds]
+            torch._foreach_mul_(pieces, list(scales.index_select(0, self.single_positions).unbind()))
+        for run, position in self.row_blocks:
+            rows = values[run.start : run.end].view(run.rows, run.row_length)
+            rows.mul_(scales[position : position + run.rows].unsqueeze(1))
+
+    def apply_rows(self, values: torch.Tensor, scales: torch.Tensor) -> None:
+        """``apply`` for many buffers at once: values [m, len], scales [m, num_segments]."""
+        position = 0
+        for run in self.runs:
+            block = values[:, run.start : run.end].view(values.shape[0], run.rows, run.row_length)
+            block.mul_(scales[:, position : position + run.rows].unsqueeze(-1))
+            position += run.rows
 
 
 class CompressedAllreduce:
     """Error-feedback 1-bit averaging of one flat fp32 buffer of fixed length over ``group``.
 
-    Holds this rank's persistent worker error (``numel`` fp32) and server error (``numel / n``
-    fp32, the chunk this rank serves), zero at construction, plus preallocated send/receive
-    buffers, all on ``device``. With n == 1 nothing is allocated and calls are the identity.
+    Holds the persistent worker error of each of this process's k workers (``numel`` fp32 each) and
+    the server error of each chunk it serves (``numel / n`` fp32 each, n = group size · k), zero at
+    construction, plus preallocated send/receive buffers, all on ``device``. With n == 1 nothing is
+    allocated and calls are the identity.
 
-    Memory per rank, N = numel: errors 4N + 4N/n bytes; packed send/receive 3N/8 bytes (plus
-    n·N/8 in ALL_GATHER mode); the torch packer's reused scratch ~1.6N bytes (a bool mask, shifted
-    bytes, int32 gather indices). The caller's buffer doubles as fp32 scratch during the call.
+    Memory per process, N = numel: errors k·4N + k·4N/n bytes; packed send/receive (2k + 1)·N/8 bytes
+    (plus k·n·N/8 in ALL_GATHER mode); the scales (4 bytes per segment, a few times); the torch
+    packer's reused scratch ~1.6N bytes. The caller's buffer doubles as fp32 scratch during the call.
+
+    Byte accounting (``traffic``): what one of n real ranks sends per call, also with virtual workers
+    (the figure of the run being simulated); segment scales are counted at their average per rank.
 
     Args:
         numel: buffer length; a multiple of 8·n (use :func:`padded_numel` for DeepSpeed parity).
@@ -122,6 +214,9 @@ class CompressedAllreduce:
         collective_mode: force NATIVE or ALL_GATHER; default :func:`default_collective_mode`.
         packer: sign packer; default :func:`~pretrain.comm.packing.get_packer` for ``device``.
         counter: byte counter to record into (shared across instances if desired); default a new one.
+        layout: where scales apply (:mod:`pretrain.comm.layout`); default DeepSpeed's single scale.
+        virtual_workers: k, the data-parallel workers this process stands for (module docstring).
+        sign_scale: ``rms`` (DeepSpeed) or ``mean_abs``.
     """
 
     def __init__(
@@ -133,12 +228,23 @@ class CompressedAllreduce:
         collective_mode: CollectiveMode | str | None = None,
         packer: SignPacker | None = None,
         counter: TrafficCounter | None = None,
+        layout: ScaleLayout | None = None,
+        virtual_workers: int = 1,
+        sign_scale: SignScale | str = SignScale.rms,
     ) -> None:
         self.group = group
-        self.world_size = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
+        if dist.is_available() and dist.is_initialized():
+            self.num_processes, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        elif group is None:  # no torch.distributed: a world of this one process (virtual workers only)
+            self.num_processes, self.rank = 1, 0
+        else:
+            raise ValueError("a process group was given but torch.distributed is not initialized")
         if self.rank < 0:
             raise ValueError("this process is not a member of the given process group")
+        if virtual_workers < 1:
+            raise ValueError(f"virtual_workers must be >= 1, got {virtual_workers}")
+        self.virtual_workers = virtual_workers
+        self.world_size = self.num_processes * virtual_workers  # workers taking part
         minimum_multiple = BITS_PER_BYTE * self.world_size
         if numel <= 0 or numel % minimum_multiple != 0:
             raise ValueError(
@@ -151,112 +257,275 @@ class CompressedAllreduce:
         self.collective_mode = CollectiveMode(collective_mode or default_collective_mode(group))
         self.packer = packer or get_packer(self.device)
         self.traffic = counter or TrafficCounter()
+        self.sign_scale = SignScale(sign_scale)
+        self.layout = layout or ScaleLayout.single_scale(numel, self.world_size)
+        if (self.layout.numel, self.layout.world_size) != (numel, self.world_size):
+            raise ValueError(
+                f"{self.layout!r} does not fit a buffer of {numel} elements over {self.world_size} workers"
+            )
+        self._call_traffic = compressed_call_traffic(
+            numel,
+            self.world_size,
+            self.collective_mode is CollectiveMode.ALL_GATHER,
+            segments=self.layout.total_chunk_segments,
+        )
 
         # Persistent state. Empty for n == 1: the identity call has no error feedback.
         compressing = self.world_size > 1
-        self.worker_error = torch.zeros(numel if compressing else 0, device=self.device)
-        self.server_error = torch.zeros(self.chunk_numel if compressing else 0, device=self.device)
+        k = virtual_workers
+        worker_shape = (numel,) if k == 1 else (k, numel)
+        server_shape = (self.chunk_numel,) if k == 1 else (k, self.chunk_numel)
+        self.worker_error = torch.zeros(worker_shape if compressing else (0,), device=self.device)
+        self.server_error = torch.zeros(server_shape if compressing else (0,), device=self.device)
         if compressing:
-            self._allocate_communication_buffers()
+            self._prepare()
 
-    def _allocate_communication_buffers(self) -> None:
-        """Send/receive buffers reused by every call (their sizes never change)."""
-        packed_numel = self.numel // BITS_PER_BYTE
+    # ------------------------------------------------------------------------------- set-up
+
+    def _prepare(self) -> None:
+        """Plans and send/receive buffers reused by every call (their sizes never change)."""
+        k, processes, n = self.virtual_workers, self.num_processes, self.world_size
+        layout, device = self.layout, self.device
         chunk_bytes = self.chunk_numel // BITS_PER_BYTE
-        world_size = self.world_size
-        self._worker_packed = torch.empty(packed_numel, dtype=torch.uint8, device=self.device)
-        # Row i: the packed signs of rank i's chunk for this rank (phase 1 receive).
-        self._received_packed = torch.empty(world_size, chunk_bytes, dtype=torch.uint8, device=self.device)
-        self._worker_scales = torch.empty(world_size, dtype=torch.float32, device=self.device)
-        self._server_packed = torch.empty(chunk_bytes, dtype=torch.uint8, device=self.device)
-        # Row j: the packed server chunk j (phase 2 receive).
-        self._gathered_server_packed = torch.empty(
-            world_size, chunk_bytes, dtype=torch.uint8, device=self.device
-        )
-        self._server_scales = torch.empty(world_size, dtype=torch.float32, device=self.device)
-        if self.collective_mode is CollectiveMode.ALL_GATHER:
-            self._all_packed = torch.empty(world_size, packed_numel, dtype=torch.uint8, device=self.device)
-
-    # ----------------------------------------------------------------------------- collectives
-
-    def _exchange_worker_chunks(self) -> None:
-        """Phase 1 signs: rank i's chunk j of ``_worker_packed`` lands in row i of rank j's receive."""
-        if self.collective_mode is CollectiveMode.NATIVE:
-            dist.all_to_all_single(self._received_packed.view(-1), self._worker_packed, group=self.group)
-            return
-        dist.all_gather(list(self._all_packed.unbind(0)), self._worker_packed, group=self.group)
-        per_rank = self._all_packed.view(self.world_size, self.world_size, -1)
-        self._received_packed.copy_(per_rank[:, self.rank])
-
-    def _gather(self, output: torch.Tensor, local: torch.Tensor) -> None:
-        """All-gather equal-size ``local`` tensors into the rows of ``output`` (rank order)."""
-        if self.collective_mode is CollectiveMode.NATIVE:
-            _all_gather_flat(output.view(-1), local.reshape(-1), group=self.group)
+        self._worker_errors = self.worker_error.view(k, self.numel)
+        self._server_errors = self.server_error.view(k, self.chunk_numel)
+        self._worker_plan = _RunPlan(layout.worker_runs, self.sign_scale, device)
+        self._chunk_plans = [_RunPlan(runs, self.sign_scale, device) for runs in layout.chunk_runs]
+        self._local_chunks = [self.rank * k + c for c in range(k)]
+        segments = layout.chunk_segments
+        # Phase 1. Signs: [destination process, worker, its local chunk, bytes]; for k == 1 that is
+        # the packed buffer itself.
+        self._worker_scales = torch.empty(k, layout.worker_segments, device=device)
+        self._worker_packed = torch.empty(k, self.numel // BITS_PER_BYTE, dtype=torch.uint8, device=device)
+        shape = (processes, k, k, chunk_bytes)
+        if k == 1:
+            self._send_signs = self._worker_packed.view(shape)
         else:
-            dist.all_gather(list(output.view(self.world_size, -1).unbind(0)), local, group=self.group)
+            self._send_signs = torch.empty(shape, dtype=torch.uint8, device=device)
+        self._recv_signs = (
+            self._send_signs if processes == 1 else torch.empty(shape, dtype=torch.uint8, device=device)
+        )
+        # Scales in the same order: worker w's scales of the segments of chunk q·k + c.
+        index: list[int] = []
+        self._send_scale_splits: list[int] = []
+        for process in range(processes):
+            count = 0
+            for worker in range(k):
+                for chunk in range(process * k, process * k + k):
+                    base = worker * layout.worker_segments + layout.payload_offsets[chunk]
+                    index.extend(range(base, base + segments[chunk]))
+                    count += segments[chunk]
+            self._send_scale_splits.append(count)
+        self._send_scale_index = torch.tensor(index, dtype=torch.int64, device=device)
+        self._send_scales = torch.empty(len(index), device=device)
+        self._local_segments = sum(segments[chunk] for chunk in self._local_chunks)
+        self._local_offsets = [sum(segments[self.rank * k : chunk]) for chunk in self._local_chunks]
+        self._recv_scales = (
+            self._send_scales if processes == 1 else torch.empty(n * self._local_segments, device=device)
+        )
+        # Server and phase 2.
+        self._server_scales = torch.empty(self._local_segments, device=device)
+        self._server_packed = torch.empty(k, chunk_bytes, dtype=torch.uint8, device=device)
+        self._gathered_server_packed = (
+            self._server_packed
+            if processes == 1
+            else torch.empty(processes, k, chunk_bytes, dtype=torch.uint8, device=device)
+        )
+        self._process_segments = [sum(segments[q * k : q * k + k]) for q in range(processes)]
+        self._all_server_scales = (
+            self._server_scales if processes == 1 else torch.empty(sum(segments), device=device)
+        )
+        self._chunk_scale_offsets = [sum(segments[:chunk]) for chunk in range(n)]
+        if processes > 1:
+            self._replicated_server_scales = torch.empty(processes * self._local_segments, device=device)
+        if processes > 1 and self.collective_mode is CollectiveMode.ALL_GATHER:
+            self._prepare_all_gather_mode()
+
+    def _prepare_all_gather_mode(self) -> None:
+        """Buffers of the fallback path, which gathers whole buffers instead of all_to_all."""
+        k, processes, layout = self.virtual_workers, self.num_processes, self.layout
+        self._all_packed = torch.empty(
+            processes, k, self.numel // BITS_PER_BYTE, dtype=torch.uint8, device=self.device
+        )
+        self._all_worker_scales = torch.empty(processes, k, layout.worker_segments, device=self.device)
+        mine = [
+            layout.payload_offsets[chunk] + offset
+            for chunk in self._local_chunks
+            for offset in range(layout.chunk_segments[chunk])
+        ]
+        self._my_payload_index = torch.tensor(mine, dtype=torch.int64, device=self.device)
+        widest = max(self._process_segments)
+        self._padded_server_scales = torch.empty(widest, device=self.device)
+        self._all_padded_server_scales = torch.empty(processes, widest, device=self.device)
+        valid = [q * widest + i for q in range(processes) for i in range(self._process_segments[q])]
+        self._valid_server_scales = torch.tensor(valid, dtype=torch.int64, device=self.device)
 
     # ------------------------------------------------------------------------------------ call
 
     @torch.no_grad()
-    def __call__(self, buffer: torch.Tensor) -> torch.Tensor:
+    def __call__(self, buffer: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Replace ``buffer`` (1-D contiguous fp32, length ``numel``) by its compressed average.
 
         In place; returns ``buffer``. Afterwards it holds, on every rank bitwise alike,
         ``concat_j s_j · sign(z_j)`` (spec §2 step 6). During the call the buffer is used as
         scratch, so it must not be read concurrently. Collective: every rank of the group must call.
+
+        With k > 1 virtual workers: ``buffer`` is [k, numel] (row w: worker w's values; used as
+        scratch) and the average is written into ``out`` (1-D, ``numel``), which is returned.
         """
-        self._check_buffer(buffer)
-        self.traffic.record(
-            compressed_call_traffic(
-                self.numel, self.world_size, self.collective_mode is CollectiveMode.ALL_GATHER
-            )
-        )
+        local, out = self._check_call(buffer, out)
+        self.traffic.record(self._call_traffic)
         if self.world_size == 1:
-            return buffer
-
-        # Worker (spec §2 step 1-2): y = x + e_w, held in the worker-error buffer itself.
-        worker_error = self.worker_error.add_(buffer)
-        worker_scale = (torch.linalg.vector_norm(worker_error) / math.sqrt(self.numel)).reshape(1)
-        self.packer.pack(worker_error, out=self._worker_packed)
-        # e_w <- y − s·sign(y); `buffer` is free scratch from here on.
-        quantized = self.packer.unpack_scaled(self._worker_packed.view(1, -1), worker_scale, out=buffer)
-        worker_error.sub_(quantized)
-
-        # Phase 1 (step 3).
+            return out
+        for worker in range(self.virtual_workers):
+            self._compress_worker(worker, local[worker])
         self._exchange_worker_chunks()
-        self._gather(self._worker_scales, worker_scale)
+        scratch = local.view(-1)
+        for local_chunk in range(self.virtual_workers):
+            self._serve(local_chunk, scratch)
+        self._exchange_server_chunks()
+        self._decode_output(out)
+        return out
 
-        # Server for chunk `rank` (step 4): z = (1/n) Σ_i s_i·sign_i + e_s, summed in rank order.
-        contributions = buffer.view(self.world_size, self.chunk_numel)
-        self.packer.unpack_scaled(self._received_packed, self._worker_scales, out=buffer)
-        total = contributions[0]
-        for source_rank in range(1, self.world_size):
-            total.add_(contributions[source_rank])
-        server_value = self.server_error.add_(total.div_(self.world_size))
-        server_scale = (torch.linalg.vector_norm(server_value) / math.sqrt(self.chunk_numel)).reshape(1)
-        self.packer.pack(server_value, out=self._server_packed)
-        server_quantized = self.packer.unpack_scaled(
-            self._server_packed.view(1, -1), server_scale, out=contributions[0]
-        )
-        server_value.sub_(server_quantized)
+    def _decode(self, packed: torch.Tensor, scales: torch.Tensor, plan: _RunPlan, out: torch.Tensor):
+        """out ← the values that ``packed`` signs and ``scales`` encode under ``plan``."""
+        if plan.one_segment:
+            return self.packer.unpack_scaled(packed.view(1, -1), scales, out=out)
+        self.packer.unpack(packed, out=out)
+        plan.apply(out, scales)
+        return out
 
-        # Phase 2 (step 5) and decompression of every chunk into the buffer (step 6).
-        self._gather(self._gathered_server_packed, self._server_packed)
-        self._gather(self._server_scales, server_scale)
-        self.packer.unpack_scaled(self._gathered_server_packed, self._server_scales, out=buffer)
-        return buffer
+    def _compress_worker(self, worker: int, values: torch.Tensor) -> None:
+        """Spec §2 steps 1-2: y = x + e_w (held in the error buffer), scales, signs, e_w ← y − Q(y)."""
+        error = self._worker_errors[worker].add_(values)
+        scales = self._worker_plan.scales(error, out=self._worker_scales[worker])
+        self.packer.pack(error, out=self._worker_packed[worker])
+        # `values` is free scratch from here on
+        error.sub_(self._decode(self._worker_packed[worker], scales, self._worker_plan, out=values))
 
-    def _check_buffer(self, buffer: torch.Tensor) -> None:
-        if buffer.dim() != 1 or buffer.numel() != self.numel:
-            raise ValueError(
-                f"expected a flat buffer of {self.numel} elements (padded), got shape {tuple(buffer.shape)}"
+    def _exchange_worker_chunks(self) -> None:
+        """Phase 1: chunk j's signs and worker scales go to the process serving chunk j."""
+        k, processes = self.virtual_workers, self.num_processes
+        if k > 1:
+            per_destination = self._worker_packed.view(k, processes, k, -1).transpose(0, 1)
+            self._send_signs.copy_(per_destination)
+        torch.index_select(self._worker_scales.view(-1), 0, self._send_scale_index, out=self._send_scales)
+        if processes == 1:
+            return
+        if self.collective_mode is CollectiveMode.NATIVE:
+            dist.all_to_all_single(self._recv_signs.view(-1), self._send_signs.view(-1), group=self.group)
+            dist.all_to_all_single(
+                self._recv_scales,
+                self._send_scales,
+                output_split_sizes=[k * self._local_segments] * processes,
+                input_split_sizes=self._send_scale_splits,
+                group=self.group,
             )
+            return
+        dist.all_gather(list(self._all_packed.unbind(0)), self._worker_packed, group=self.group)
+        n, first = self.world_size, self.rank * k
+        per_chunk = self._all_packed.view(processes, k, n, -1)[:, :, first : first + k]
+        self._recv_signs.copy_(per_chunk)
+        dist.all_gather(list(self._all_worker_scales.unbind(0)), self._worker_scales, group=self.group)
+        gathered = self._all_worker_scales.view(n, -1).index_select(1, self._my_payload_index)
+        self._recv_scales.copy_(gathered.view(-1))
+
+    def _serve(self, local_chunk: int, scratch: torch.Tensor) -> None:
+        """Spec §2 step 4 for one chunk: z = (1/n) Σ_i Q_i + e_s (worker order), then e_s ← z − Q(z)."""
+        n, chunk = self.world_size, self._local_chunks[local_chunk]
+        plan, count = self._chunk_plans[chunk], self.layout.chunk_segments[chunk]
+        offset = self._local_offsets[local_chunk]
+        signs = self._recv_signs[:, :, local_chunk].reshape(n, -1)
+        scales = self._recv_scales.view(n, self._local_segments)[:, offset : offset + count]
+        contributions = scratch[: n * self.chunk_numel].view(n, self.chunk_numel)
+        if plan.one_segment:
+            self.packer.unpack_scaled(signs, scales.reshape(n), out=contributions)
+        else:
+            self.packer.unpack(signs, out=contributions)
+            plan.apply_rows(contributions, scales)
+        total = contributions[0]
+        for source in range(1, n):
+            total.add_(contributions[source])
+        server_value = self._server_errors[local_chunk].add_(total.div_(n))
+        server_scales = plan.scales(server_value, out=self._server_scales[offset : offset + count])
+        self.packer.pack(server_value, out=self._server_packed[local_chunk])
+        quantized = self._decode(self._server_packed[local_chunk], server_scales, plan, out=contributions[0])
+        server_value.sub_(quantized)
+
+    def _exchange_server_chunks(self) -> None:
+        """Phase 2: every process receives every chunk's server signs and scales."""
+        processes = self.num_processes
+        if processes == 1:
+            return
+        if self.collective_mode is CollectiveMode.NATIVE:
+            _all_gather_flat(
+                self._gathered_server_packed.view(-1), self._server_packed.view(-1), group=self.group
+            )
+            self._replicated_server_scales.view(processes, -1).copy_(self._server_scales)
+            dist.all_to_all_single(
+                self._all_server_scales,
+                self._replicated_server_scales,
+                output_split_sizes=self._process_segments,
+                input_split_sizes=[self._local_segments] * processes,
+                group=self.group,
+            )
+            return
+        gathered = list(self._gathered_server_packed.view(processes, -1).unbind(0))
+        dist.all_gather(gathered, self._server_packed.view(-1), group=self.group)
+        self._padded_server_scales[: self._local_segments].copy_(self._server_scales)
+        padded = list(self._all_padded_server_scales.unbind(0))
+        dist.all_gather(padded, self._padded_server_scales, group=self.group)
+        torch.index_select(
+            self._all_padded_server_scales.view(-1), 0, self._valid_server_scales, out=self._all_server_scales
+        )
+
+    def _decode_output(self, out: torch.Tensor) -> None:
+        """Spec §2 step 6: every chunk decoded from its server's signs and scales."""
+        signs = self._gathered_server_packed.view(self.world_size, -1)
+        if self.layout.single:
+            self.packer.unpack_scaled(signs, self._all_server_scales, out=out)
+            return
+        self.packer.unpack(signs, out=out)
+        chunks = out.view(self.world_size, self.chunk_numel)
+        for chunk, plan in enumerate(self._chunk_plans):
+            offset = self._chunk_scale_offsets[chunk]
+            plan.apply(chunks[chunk], self._all_server_scales[offset : offset + plan.num_segments])
+
+    def _check_call(
+        self, buffer: torch.Tensor, out: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.virtual_workers
+        expected = (self.numel,) if k == 1 else (k, self.numel)
+        if tuple(buffer.shape) != expected:
+            what = f"a flat buffer of {self.numel} elements" if k == 1 else f"a [{k}, {self.numel}] buffer"
+            raise ValueError(f"expected {what} (padded), got shape {tuple(buffer.shape)}")
         if buffer.dtype != torch.float32 or not buffer.is_contiguous():
             raise ValueError(f"expected a contiguous float32 buffer, got {buffer.dtype}")
         if buffer.device != self.worker_error.device:
             raise ValueError(f"buffer is on {buffer.device}, this instance on {self.worker_error.device}")
+        if out is None:
+            if k > 1:
+                raise ValueError("with virtual workers the average goes to `out`: pass a numel-long buffer")
+            out = buffer
+        elif out.shape != (self.numel,) or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous float32 buffer of {self.numel} elements")
+        return buffer.view(k, self.numel), out
 
     # ------------------------------------------------------------------------------ checkpoint
+
+    def _layout_key(self) -> str:
+        if self.layout.single:
+            return "single"
+        return f"segments:{self.layout.total_chunk_segments}:{self.sign_scale.value}"
+
+    def _identity(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "numel": self.numel,
+            "virtual_workers": self.virtual_workers,
+            "layout": self._layout_key(),
+        }
 
     def reset_errors(self) -> None:
         """Zero both error buffers (fresh start of error feedback)."""
@@ -265,24 +534,19 @@ class CompressedAllreduce:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's error state. The tensors are the live buffers, not copies (clone to keep)."""
-        return {
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "numel": self.numel,
-            "worker_error": self.worker_error,
-            "server_error": self.server_error,
-        }
+        return {**self._identity(), "worker_error": self.worker_error, "server_error": self.server_error}
 
     def load_state_dict(self, state_dict: dict[str, Any], *, reset_on_mismatch: bool = False) -> bool:
         """Restore errors saved by :meth:`state_dict` on the same rank of a same-size group.
 
-        Returns True when restored. On a world size, rank or length mismatch: raises
-        :class:`ErrorStateMismatch` (a ``ValueError``), or, with ``reset_on_mismatch=True``, zeroes
-        the errors, logs a warning and returns False. Errors are per-rank shards of a global state
-        and cannot be re-split for another world size.
+        Returns True when restored. On a world size, rank, length, virtual-worker or layout mismatch:
+        raises :class:`ErrorStateMismatch` (a ``ValueError``), or, with ``reset_on_mismatch=True``,
+        zeroes the errors, logs a warning and returns False. Errors are per-rank shards of a global
+        state and cannot be re-split for another world size.
         """
-        expected = {"world_size": self.world_size, "rank": self.rank, "numel": self.numel}
-        found = {key: state_dict.get(key) for key in expected}
+        expected = self._identity()
+        defaults = {"virtual_workers": 1, "layout": "single"}  # states saved before these existed
+        found = {key: state_dict.get(key, defaults.get(key)) for key in expected}
         if found != expected:
             message = f"compressed-allreduce error state saved for {found}, this run has {expected}"
             if not reset_on_mismatch:

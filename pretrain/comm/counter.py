@@ -13,9 +13,13 @@ traffic). Per collective, with n ranks:
   ``4 (n − 1)/n`` and ``8 (n − 1)/n`` bytes per element.
 
 For one compressed call on N elements (N a multiple of 8n): two packed-sign collectives of
-``(n − 1)/n · N/8`` bytes each plus two fp32 scale all_gathers of ``4 (n − 1)`` bytes each, so
+``(n − 1)/n · N/8`` bytes each plus the scales. With DeepSpeed's layout (one scale per worker buffer
+and per server chunk, S = n segments) those are two exchanges of ``4 (n − 1)`` bytes, so
 ``(n − 1)/(4n) · N + 8 (n − 1)`` bytes; the ratio vs fp16 is ``16 / (1 + 32 n / N)`` -> 16 as N grows.
-With n == 1 nothing is sent and the peers are zero too.
+With S segments over all chunks (per-tensor or per-row scales, `pretrain.comm.layout`) each phase
+sends ``(n − 1)/n · 4 S`` bytes of scales on average per rank (a rank serving an embedding's rows
+sends more, the others less), i.e. ``8 (n − 1)/n · S`` in all. With n == 1 nothing is sent and the
+peers are zero too.
 """
 
 from __future__ import annotations
@@ -63,12 +67,14 @@ class CallTraffic:
 
 
 def compressed_call_traffic(
-    numel: int, world_size: int, all_to_all_via_all_gather: bool = False
+    numel: int, world_size: int, all_to_all_via_all_gather: bool = False, *, segments: int | None = None
 ) -> CallTraffic:
     """Traffic of one call on ``numel`` (padded) elements.
 
     ``all_to_all_via_all_gather``: the fallback path where phase 1 all_gathers every rank's whole
-    packed buffer instead of an all_to_all, sending ``(n − 1) · N/8`` instead of ``(n − 1)/n · N/8``.
+    packed buffer instead of an all_to_all, sending ``(n − 1) · N/8`` instead of ``(n − 1)/n · N/8``
+    (its scales are counted as on the native path). ``segments``: scales over all chunks (None: n,
+    DeepSpeed's layout).
     """
     if world_size == 1:
         return CallTraffic(numel, 1, 0.0, 0.0, 0.0, 0.0)
@@ -79,7 +85,7 @@ def compressed_call_traffic(
     else:
         phase_one = all_to_all_bytes(packed_bytes, world_size)
     phase_two = all_gather_bytes(chunk_bytes, world_size)
-    scales = 2 * all_gather_bytes(FP32_BYTES, world_size)
+    scales = 2 * (world_size - 1) * FP32_BYTES * (segments or world_size) / world_size
     return CallTraffic(
         numel=numel,
         world_size=world_size,

@@ -1,10 +1,12 @@
 """Slow single-process model of the compressed allreduce (spec §2) that simulates n workers.
 
 For tests only. It keeps one worker error per simulated rank and one server error per chunk, and
-spells the algorithm out with explicit loops over ranks and plain ±1 sign tensors (no bit packing,
-no collectives), so that it can be checked by reading. Arithmetic is done in the same order as
-:class:`~pretrain.comm.compressed_allreduce.CompressedAllreduce` (sum of the n contributions in
-rank order, then divide by n, then add the server error), so the two agree bitwise on CPU.
+spells the algorithm out with explicit loops over ranks, segments and plain ±1 sign tensors (no bit
+packing, no collectives, no runs), so that it can be checked by reading. Arithmetic is done in the
+same order as :class:`~pretrain.comm.compressed_allreduce.CompressedAllreduce` (sum of the n
+contributions in rank order, then divide by n, then add the server error), so the two agree bitwise
+on CPU with DeepSpeed's single-scale layout; with segment scales the engine computes a segment's
+norm with other kernels (several segments per call), so the two agree to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from pretrain.comm.layout import ScaleLayout
 
 
 @dataclass(frozen=True)
@@ -28,11 +32,21 @@ class Quantized:
         return self.scale * self.signs
 
 
-def quantize(values: torch.Tensor) -> Quantized:
-    """The 1-bit quantizer with one scale for the whole tensor (spec §2 "Quantizer")."""
-    scale = torch.linalg.vector_norm(values) / math.sqrt(values.numel())
+def quantize(values: torch.Tensor, sign_scale: str = "rms") -> Quantized:
+    """The 1-bit quantizer with one scale for the whole tensor (spec §2 "Quantizer"); ``mean_abs``
+    takes ‖y‖₁/len instead of ‖y‖₂/√len."""
+    if sign_scale == "rms":
+        scale = torch.linalg.vector_norm(values) / math.sqrt(values.numel())
+    else:
+        scale = torch.linalg.vector_norm(values, 1) / values.numel()
     signs = torch.where(values >= 0, 1.0, -1.0).to(values.dtype)
     return Quantized(scale, signs, values - scale * signs)
+
+
+def quantize_segments(values: torch.Tensor, segments: list[tuple[int, int]], sign_scale: str) -> torch.Tensor:
+    """Q(y) with one scale per (start, length) segment; ``segments`` tile ``values`` in order."""
+    pieces = [quantize(values[start : start + length], sign_scale).value for start, length in segments]
+    return torch.cat(pieces)
 
 
 class ReferenceCompressedAllreduce:
@@ -43,9 +57,13 @@ class ReferenceCompressedAllreduce:
     returned unchanged, like the real implementation's shortcut.
     """
 
-    def __init__(self, numel: int, world_size: int) -> None:
+    def __init__(
+        self, numel: int, world_size: int, layout: ScaleLayout | None = None, sign_scale: str = "rms"
+    ) -> None:
         if numel % (8 * world_size) != 0:
             raise ValueError(f"numel {numel} is not a multiple of 8 * {world_size}")
+        self.layout = layout
+        self.sign_scale = sign_scale
         self.numel = numel
         self.world_size = world_size
         self.chunk_numel = numel // world_size
@@ -63,10 +81,12 @@ class ReferenceCompressedAllreduce:
         if self.world_size == 1:
             return inputs[0].clone()
 
+        if self.layout is not None and not self.layout.single:
+            return self._segmented(inputs)
         # Workers: compress x + e_w with one scale each.
         worker_values = []
         for rank in range(self.world_size):
-            quantized = quantize(inputs[rank] + self.worker_errors[rank])
+            quantized = quantize(inputs[rank] + self.worker_errors[rank], self.sign_scale)
             self.worker_errors[rank] = quantized.error
             worker_values.append(quantized)
         self.last_worker_scales = [float(q.scale) for q in worker_values]
@@ -79,8 +99,32 @@ class ReferenceCompressedAllreduce:
             total = self.chunk(worker_values[0].value, server)
             for rank in range(1, self.world_size):
                 total = total + self.chunk(worker_values[rank].value, server)
-            quantized = quantize(total / self.world_size + self.server_errors[server])
+            quantized = quantize(total / self.world_size + self.server_errors[server], self.sign_scale)
             self.server_errors[server] = quantized.error
             self.last_server_scales.append(float(quantized.scale))
             output_chunks.append(quantized.value)
+        return torch.cat(output_chunks)
+
+    def _segmented(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        """The same algorithm with one scale per segment of the layout, workers and servers alike."""
+        assert self.layout is not None
+        chunks = self.world_size
+        base = [chunk * self.chunk_numel for chunk in range(chunks)]
+        local = [[(s - base[c], n) for s, n in self.layout.segments(c)] for c in range(chunks)]
+        worker_segments = [(s, n) for c in range(chunks) for s, n in self.layout.segments(c)]
+        compressed = []
+        for rank in range(self.world_size):
+            y = inputs[rank] + self.worker_errors[rank]
+            value = quantize_segments(y, worker_segments, self.sign_scale)
+            self.worker_errors[rank] = y - value
+            compressed.append(value)
+        output_chunks = []
+        for server in range(chunks):
+            total = self.chunk(compressed[0], server)
+            for rank in range(1, self.world_size):
+                total = total + self.chunk(compressed[rank], server)
+            z = total / self.world_size + self.server_errors[server]
+            value = quantize_segments(z, local[server], self.sign_scale)
+            self.server_errors[server] = z - value
+            output_chunks.append(value)
         return torch.cat(output_chunks)

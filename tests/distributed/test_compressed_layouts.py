@@ -1,0 +1,134 @@
+"""The compressed allreduce with segment scales and with virtual workers, against the reference model.
+
+Each case runs the real engine on P gloo processes with k virtual workers each (n = P·k workers) for
+several successive calls and compares every rank's output, and the error buffers, bitwise with the
+single-process reference of n workers (`pretrain.comm.reference`): both do the same fp32 operations in
+the same order, so with k virtual workers one process gives what k processes give. Layouts: DeepSpeed's
+single scale, and one scale per row of an "embedding" and per tensor (rows split by chunk boundaries
+included), with both sign scales.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pretrain.comm import CompressedAllreduce, padded_numel
+from pretrain.comm.layout import Block, ScaleLayout
+from pretrain.comm.reference import ReferenceCompressedAllreduce
+from tests.distributed.launcher import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+UNPADDED = 700
+CALLS = 4
+# (processes, virtual workers per process)
+SHAPES = [(1, 2), (1, 4), (2, 1), (2, 2), (3, 1), (4, 1)]
+CASES = [("single", "rms"), ("blocks", "rms"), ("blocks", "mean_abs")]
+
+
+def _layout(kind: str, numel: int, world_size: int) -> ScaleLayout | None:
+    if kind == "single":
+        return None
+    used = 37 * 16 + 13 + 64  # an embedding of 37 rows of 16, a vector, a matrix, then the pad
+    blocks = [Block(37 * 16, 16), Block(13, 13), Block(64, 64), Block(numel - used, numel - used)]
+    return ScaleLayout.from_blocks(blocks, numel, world_size)
+
+
+def _input(call: int, worker: int, numel: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 * call + worker)
+    values = torch.randn(numel, generator=generator) * torch.linspace(0.01, 3.0, numel)
+    values[UNPADDED:] = 0.0
+    return values
+
+
+def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
+    world_size = processes * virtual
+    numel = padded_numel(UNPADDED, world_size)
+    results = {}
+    for mode in modes:
+        for kind, sign_scale in CASES:
+            engine = CompressedAllreduce(
+                numel,
+                layout=_layout(kind, numel, world_size),
+                virtual_workers=virtual,
+                sign_scale=sign_scale,
+                collective_mode=mode,
+            )
+            outputs = []
+            for call in range(CALLS):
+                local = torch.stack([_input(call, rank * virtual + w, numel) for w in range(virtual)])
+                out = torch.empty(numel)
+                if virtual == 1:
+                    out = engine(local[0].clone())
+                else:
+                    engine(local, out)
+                outputs.append(out.numpy().copy())
+            results[(mode, kind, sign_scale)] = {
+                "outputs": outputs,
+                "worker_error": engine.worker_error.numpy().copy(),
+                "server_error": engine.server_error.numpy().copy(),
+                "bytes": engine.traffic.compressed_bytes,
+            }
+    return results
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=[f"p{p}k{k}" for p, k in SHAPES])
+def shape_runs(request):
+    processes, virtual = request.param
+    modes = ["native", "all_gather"] if processes > 1 else ["native"]
+    return processes, virtual, run_distributed(_run, processes, args=(virtual, modes))
+
+
+def test_engine_equals_reference_bitwise(shape_runs):
+    processes, virtual, results = shape_runs
+    world_size = processes * virtual
+    numel = padded_numel(UNPADDED, world_size)
+    for (mode, kind, sign_scale), _ in results[0].items():
+        reference = ReferenceCompressedAllreduce(
+            numel, world_size, _layout(kind, numel, world_size), sign_scale
+        )
+        for call in range(CALLS):
+            expected = reference([_input(call, worker, numel) for worker in range(world_size)]).numpy()
+            for rank in range(processes):
+                got = results[rank][(mode, kind, sign_scale)]["outputs"][call]
+                assert np.array_equal(got, expected), (mode, kind, sign_scale, call, rank)
+        for rank in range(processes):
+            result = results[rank][(mode, kind, sign_scale)]
+            workers = result["worker_error"].reshape(virtual, numel)
+            servers = result["server_error"].reshape(virtual, -1)
+            for w in range(virtual):
+                assert np.array_equal(workers[w], reference.worker_errors[rank * virtual + w].numpy())
+                assert np.array_equal(servers[w], reference.server_errors[rank * virtual + w].numpy())
+
+
+def test_per_row_scales_cost_a_few_percent_of_the_signs(shape_runs):
+    processes, virtual, results = shape_runs
+    world_size = processes * virtual
+    numel = padded_numel(UNPADDED, world_size)
+    single = results[0][("native", "single", "rms")]["bytes"] / CALLS
+    rows = results[0][("native", "blocks", "rms")]["bytes"] / CALLS
+    segments = _layout("blocks", numel, world_size).total_chunk_segments
+    assert rows - single == pytest.approx(8 * (world_size - 1) / world_size * (segments - world_size))
+
+
+def _check_virtual_buffers(rank: int, world_size: int) -> list[str]:
+    engine = CompressedAllreduce(64, virtual_workers=2)
+    errors = []
+    for buffer, out in [
+        (torch.zeros(64), None),
+        (torch.zeros(2, 64), None),
+        (torch.zeros(3, 64), torch.zeros(64)),
+    ]:
+        try:
+            engine(buffer, out)
+        except ValueError as error:
+            errors.append(str(error))
+    return errors
+
+
+def test_virtual_worker_buffers_are_checked():
+    (errors,) = run_distributed(_check_virtual_buffers, 1)
+    assert len(errors) == 3
+    assert "[2, 64] buffer" in errors[0] and "`out`" in errors[1] and "[2, 64] buffer" in errors[2]
