@@ -78,12 +78,19 @@ def needs_gradient_allreduce(optimizer: Optimizer) -> bool:
 
 
 def build_optimizer(
-    name: str, config: OptimizerConfig, param_groups: list[dict[str, Any]], group: Any = None
+    name: str,
+    config: OptimizerConfig,
+    param_groups: list[dict[str, Any]],
+    group: Any = None,
+    *,
+    virtual_workers: int = 1,
 ) -> Optimizer:
     """Build registry entry `name` from its config over `param_groups` (see `param_groups()`).
 
-    `group` is the data-parallel process group, used by the 1-bit optimizers only. `exp_avg_mask` keys
-    are dropped with a warning for optimizers that do not use them.
+    `group` is the data-parallel process group and `virtual_workers` the simulated workers per process
+    (`pretrain.simulated`), used by the 1-bit optimizers only (the others see averaged gradients).
+    `exp_avg_mask` and `row_scales` keys are dropped, with a warning for the mask, for optimizers that
+    do not use them.
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"optim.name: unknown optimizer '{name}'; known: {sorted(OPTIMIZERS)}")
@@ -92,7 +99,8 @@ def build_optimizer(
         raise ValueError(f"optim: '{name}' needs a {config_class.__name__}, got {type(config).__name__}")
     kwargs = config.optimizer_kwargs()
     if issubclass(optimizer_class, OnebitOptimizer):
-        return optimizer_class(param_groups, group=group, **kwargs)
+        return optimizer_class(param_groups, group=group, virtual_workers=virtual_workers, **kwargs)  # type: ignore[call-arg]
+    param_groups = [{k: v for k, v in g.items() if k != "row_scales"} for g in param_groups]
     if any("exp_avg_mask" in g for g in param_groups):
         logger.warning("optim.%s does not use momentum masks: exp_avg_mask ignored", name)
         param_groups = [{k: v for k, v in g.items() if k != "exp_avg_mask"} for g in param_groups]

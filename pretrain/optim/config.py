@@ -13,7 +13,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pretrain.comm.compressed_allreduce import SignScale
 from pretrain.optim.lamb import LambVariant
+from pretrain.optim.onebit import Compression
+from pretrain.optim.onebit_lamb import TrustRatio
 
 logger = logging.getLogger(__name__)
 
@@ -108,14 +111,36 @@ class _OnebitConfig(OptimizerConfig):
     # Momentum mask for position-embedding rows >= max_seq_length (never trained): `param_groups(...,
     # max_seq_length=...)` builds it; 1-bit signs cannot encode the zero momentum of those rows.
     mask_unused_position_embeddings: bool = True
+    # The momentum exchange (pretrain/optim/onebit.py): `deepspeed` = DeepSpeed's algorithm exactly;
+    # per_tensor / per_row: one scale per tensor / also per embedding row. exact_vectors: 1-D tensors
+    # averaged exactly. sign_scale: rms (DeepSpeed) or mean_abs.
+    compression: Compression = Compression.deepspeed
+    exact_vectors: bool = False
+    sign_scale: SignScale = SignScale.rms
+    block_size: int = 2048  # compression=per_block: elements per scale in tensors without row scales
+    # (1-bit LAMB's config defaults to the remedy instead: OnebitLambConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _require(self.freeze_step >= 1, "freeze_step", f"must be >= 1, got {self.freeze_step}")
+        _require(self.block_size >= 8, "block_size", f"must be >= 8, got {self.block_size}")
         _require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
 
     def optimizer_kwargs(self) -> dict[str, Any]:
-        return {**super().optimizer_kwargs(), "eps": self.eps, "freeze_step": self.freeze_step}
+        return {
+            **super().optimizer_kwargs(),
+            "eps": self.eps,
+            "freeze_step": self.freeze_step,
+            "compression": Compression(self.compression),
+            "exact_vectors": self.exact_vectors,
+            "sign_scale": SignScale(self.sign_scale),
+            "block_size": self.block_size,
+        }
+
+    @property
+    def row_scales(self) -> bool:
+        """Whether `param_groups` should put the embeddings in groups with per-row scales."""
+        return Compression(self.compression) in (Compression.per_row, Compression.per_block)
 
 
 @dataclass
@@ -127,6 +152,14 @@ class OnebitLambConfig(_OnebitConfig):
     factor_max: float = 4.0
     factor_min: float = 0.5
     factor_threshold: float = 0.1
+    coeff_bias_correction: bool = False  # freeze c̄/(1 − coeff_beta^k) instead of DeepSpeed's c̄
+    # the compression stage's coefficient: live (LAMB's trust ratio on the compressed momentum, every step),
+    # live_clamped (also >= min_coeff) or frozen (DeepSpeed: c̄ x factor); pretrain/optim/onebit_lamb.py
+    trust_ratio: TrustRatio = TrustRatio.live
+    # The remedy is the default (results/cpu-study/: measured against LAMB and DeepSpeed's algorithm);
+    # DeepSpeed's exactly: compression=deepspeed sign_scale=rms trust_ratio=frozen.
+    compression: Compression = Compression.per_row
+    sign_scale: SignScale = SignScale.mean_abs
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -156,6 +189,8 @@ class OnebitLambConfig(_OnebitConfig):
             "factor_max": self.factor_max,
             "factor_min": self.factor_min,
             "factor_threshold": self.factor_threshold,
+            "coeff_bias_correction": self.coeff_bias_correction,
+            "trust_ratio": TrustRatio(self.trust_ratio),
         }
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "adam_moments_",
     "adam_update_",
     "bias_corrections",
+    "clamped_trust_ratio_step_",
     "compressed_lamb_update_",
     "deepspeed_lamb_update_",
     "factor_rule",
@@ -160,7 +161,34 @@ def deepspeed_lamb_update_(
     shape [len(params)] (1-bit LAMB averages them). `workspace` as in `nvlamb_update_`.
     """
     adam_moments_(exp_avgs, exp_avg_sqs, grads, beta1=beta1, beta2=beta2, grad_scale=grad_scale)
-    step_size = lr * bias_correction2_sqrt / bias_correction1
+    return clamped_trust_ratio_step_(
+        params,
+        exp_avgs,
+        exp_avg_sqs,
+        lr=lr * bias_correction2_sqrt / bias_correction1,
+        eps=eps,
+        weight_decay=weight_decay,
+        min_coeff=min_coeff,
+        max_coeff=max_coeff,
+        workspace=workspace,
+    )
+
+
+def clamped_trust_ratio_step_(
+    params: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    lr: float,
+    eps: float,
+    weight_decay: float,
+    min_coeff: float,
+    max_coeff: float,
+    workspace: list[Tensor] | None = None,
+) -> Tensor:
+    """p ← p − η·c·u with u = m/(√v+ε) + λp and c = clamp(‖p‖/‖u‖, min_coeff, max_coeff) on every tensor
+    (1 where a norm is 0): DeepSpeed LAMB's step for given moments (§1.2 steps 3-6, §3.4). Also 1-bit
+    LAMB's compression step with `trust_ratio=live` (m the compressed momentum, v frozen). Returns c."""
     updates = _scratch(workspace, params)
     adam_direction_(updates, exp_avgs, exp_avg_sqs, eps)
     if weight_decay != 0.0:
@@ -168,7 +196,7 @@ def deepspeed_lamb_update_(
     param_norms, update_norms = grad_norms(params), grad_norms(updates)
     usable = (param_norms > 0) & (update_norms > 0)
     coeffs = torch.where(usable, trust_ratios(param_norms, update_norms).clamp(min_coeff, max_coeff), 1.0)
-    torch._foreach_addcmul_(params, updates, _as_scalars(coeffs), value=-step_size)
+    torch._foreach_addcmul_(params, updates, _as_scalars(coeffs), value=-lr)
     return coeffs
 
 

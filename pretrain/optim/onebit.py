@@ -18,6 +18,24 @@ part in the compressed allreduce and is kept (and checkpointed), as DeepSpeed do
 
 Every parameter takes part in every step: a missing gradient counts as zero, so state, step counters
 and the flat buffer always cover all parameters (DeepSpeed fails or desynchronizes there, §3.7).
+
+Compression (`compression`, see `Compression`): `deepspeed` is DeepSpeed's exchange exactly (one scale
+per rank's whole buffer, κ to equalise tensors). `per_tensor` gives every tensor its own scales, and
+`per_row` also every row of the tensors in groups flagged `row_scales` (the embeddings: see
+`pretrain.optim.params.param_groups`), so a frequent token's row no longer shares its scale with
+rows that saw no gradient, and one tensor's error cannot inflate another's scale; κ is not needed
+there (the quantizer is positively homogeneous per segment). `exact_vectors` sends 1-D tensors with
+one scale per element, i.e. exactly averaged (4 bytes per element and phase, like an fp32 ring).
+
+Virtual workers (`virtual_workers=k`, simulated data parallelism, `pretrain.simulated`): this process
+stands for k workers. In warmup the caller averages their gradients into `.grad` as usual; in the
+compression stage it writes worker w's own gradient into row w of `worker_gradients()` (views per
+parameter from `worker_gradient_views(w)`) instead of `.grad`, and `step()` forms each worker's local
+momentum from it and exchanges all k through the compressed allreduce (a world of n = group size · k).
+
+Diagnostics: an optional `probe` (`pretrain.diagnostics`) with `active`, `before_exchange(local, world
+size, group)` and `after_exchange(averaged, params, kappas)` sees the κ-scaled local and averaged
+momentum of each exchange while active (log steps only; its own traffic is not counted).
 """
 
 from __future__ import annotations
@@ -33,6 +51,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pretrain.comm import CompressedAllreduce, TrafficCounter, padded_numel
+from pretrain.comm.compressed_allreduce import SignScale
+from pretrain.comm.layout import Block, ScaleLayout
 from pretrain.optim import functional as F
 from pretrain.optim.base import OptimizerBase, evaluate_closure, global_norm
 
@@ -42,6 +62,49 @@ logger = logging.getLogger(__name__)
 class Stage(str, enum.Enum):
     warmup = "warmup"
     compression = "compression"
+
+
+class Compression(str, enum.Enum):
+    """Where the 1-bit exchange's scales apply (module docstring)."""
+
+    deepspeed = "deepspeed"  # one per rank's buffer and per server chunk, κ-equalised tensors (parity)
+    per_tensor = "per_tensor"  # one per tensor (cut at server-chunk boundaries)
+    per_row = "per_row"  # per_tensor, and one per row in groups with `row_scales`
+    per_block = "per_block"  # per_row, and the other tensors in blocks of `block_size` elements
+
+
+@dataclass(frozen=True)
+class ExchangeOptions:
+    """How a momentum segment is exchanged (the optimizers' `compression`, `exact_vectors`,
+    `sign_scale` and `virtual_workers` arguments)."""
+
+    compression: Compression = Compression.deepspeed
+    exact_vectors: bool = False
+    sign_scale: SignScale = SignScale.rms
+    virtual_workers: int = 1
+    block_size: int = 2048  # per_block only
+
+    def blocks(self, params: list[Tensor], row_scaled: set[int], pad: int) -> list[Block] | None:
+        """The scale blocks of a buffer holding `params` then `pad` zeros; None: DeepSpeed's layout."""
+        if self.compression is Compression.deepspeed:
+            return None
+        rows = self.compression in (Compression.per_row, Compression.per_block)
+        blocks = []
+        for p in params:
+            if self.exact_vectors and p.dim() <= 1:
+                blocks.append(Block(p.numel(), 1))
+            elif rows and id(p) in row_scaled and p.dim() >= 2:
+                blocks.append(Block(p.numel(), p.shape[-1]))
+            elif self.compression is Compression.per_block and p.numel() > self.block_size:
+                whole = p.numel() // self.block_size * self.block_size
+                blocks.append(Block(whole, self.block_size))
+                if p.numel() > whole:
+                    blocks.append(Block(p.numel() - whole, p.numel() - whole))
+            else:
+                blocks.append(Block(p.numel(), p.numel()))
+        if pad:
+            blocks.append(Block(pad, pad))
+        return blocks
 
 
 @dataclass
@@ -54,18 +117,40 @@ class MomentumSegment:
     pad: Tensor
     compressor: CompressedAllreduce | None
     previous: Tensor | None = None  # snapshot of `buffer` (1-bit LAMB), allocated once
+    _scaled: Tensor | None = None  # β1·buffer for the virtual workers' local momenta, allocated once
+    local: Tensor | None = None  # [k, len(buffer)]: the virtual workers' gradients, then local momenta
 
     @classmethod
     def build(
-        cls, params: list[Tensor], world_size: int, group: Any, traffic: TrafficCounter
+        cls,
+        params: list[Tensor],
+        world_size: int,
+        group: Any,
+        traffic: TrafficCounter,
+        options: ExchangeOptions,
+        row_scaled: set[int],
     ) -> MomentumSegment:
+        """`world_size` counts workers (processes × virtual workers)."""
         numel = sum(p.numel() for p in params)
         device = params[0].device
         buffer = torch.zeros(padded_numel(numel, world_size), dtype=torch.float32, device=device)
         compressor = None
         if world_size > 1:
-            compressor = CompressedAllreduce(buffer.numel(), group, device, counter=traffic)
-        return cls(params, buffer, _views_like(buffer, params), buffer[numel:], compressor)
+            blocks = options.blocks(params, row_scaled, buffer.numel() - numel)
+            layout = None if blocks is None else ScaleLayout.from_blocks(blocks, buffer.numel(), world_size)
+            compressor = CompressedAllreduce(
+                buffer.numel(),
+                group,
+                device,
+                counter=traffic,
+                layout=layout,
+                virtual_workers=options.virtual_workers,
+                sign_scale=options.sign_scale,
+            )
+        segment = cls(params, buffer, _views_like(buffer, params), buffer[numel:], compressor)
+        if options.virtual_workers > 1:
+            segment.local = torch.zeros(options.virtual_workers, buffer.numel(), device=device)
+        return segment
 
     def snapshot(self) -> list[Tensor]:
         """Copy the momentum into the persistent `previous` buffer; per-parameter views of the copy."""
@@ -83,6 +168,12 @@ class MomentumSegment:
     def views_of(self, flat: Tensor) -> list[Tensor]:
         """Per-parameter views into another buffer laid out like `buffer` (e.g. a snapshot)."""
         return _views_like(flat, self.params)
+
+    def snapshot_scaled(self, factor: float) -> Tensor:
+        """factor · buffer, in a scratch buffer kept for the purpose (virtual workers)."""
+        if self._scaled is None:
+            self._scaled = torch.empty_like(self.buffer)
+        return torch.mul(self.buffer, factor, out=self._scaled)
 
 
 def _views_like(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
@@ -110,14 +201,26 @@ class OnebitOptimizer(OptimizerBase):
     """
 
     def __init__(
-        self, params: Iterable[Any], defaults: dict[str, Any], *, freeze_step: int, group: Any = None
+        self,
+        params: Iterable[Any],
+        defaults: dict[str, Any],
+        *,
+        freeze_step: int,
+        group: Any = None,
+        exchange: ExchangeOptions | None = None,
     ) -> None:
         if freeze_step < 1:
             raise ValueError(f"freeze_step must be >= 1, got {freeze_step}")
         super().__init__(params, {**defaults, "step": 0})
         self.freeze_step = freeze_step
         self.group = group
-        self.world_size = _world_size(group)
+        self.exchange = exchange or ExchangeOptions()
+        if self.exchange.virtual_workers < 1:
+            raise ValueError(f"virtual_workers must be >= 1, got {self.exchange.virtual_workers}")
+        self.virtual_workers = self.exchange.virtual_workers
+        self.num_processes = _world_size(group)
+        self.world_size = self.num_processes * self.virtual_workers  # data-parallel workers
+        self.probe: Any = None  # diagnostics (module docstring)
         self.traffic = TrafficCounter()  # bytes of the compressed exchanges (zero with one rank)
         self.frozen_at: int | None = None  # step count at the last switch to compression
         self._segments: list[MomentumSegment] | None = None
@@ -146,7 +249,10 @@ class OnebitOptimizer(OptimizerBase):
         loss = evaluate_closure(closure)
         segments = self._ensure_state()
         grads = [self._fp32_grad(p) for segment in segments for p in segment.params]
-        if self._record_skip(self._any_rank_nonfinite(grads)):
+        checked = grads
+        if self.uses_worker_gradients:
+            checked = [segment.local for segment in segments if segment.local is not None]
+        if self._record_skip(self._any_rank_nonfinite(checked)):
             return loss
         if self.stage is Stage.warmup:
             self._warmup_step(grads)
@@ -159,9 +265,25 @@ class OnebitOptimizer(OptimizerBase):
         self._copy_masters_back([p for segment in segments for p in segment.params])
         return loss
 
+    @property
+    def uses_worker_gradients(self) -> bool:
+        """True when the next `step()` reads the virtual workers' own gradients from
+        `worker_gradients()` rather than `.grad` (virtual workers, compression stage)."""
+        return self.virtual_workers > 1 and self.stage is Stage.compression
+
+    def worker_gradients(self) -> list[Tensor]:
+        """Per segment, the [k, len] buffer whose row w takes virtual worker w's own gradient."""
+        if self.virtual_workers == 1:
+            raise RuntimeError("worker_gradients() needs virtual_workers > 1")
+        return [segment.local for segment in self._ensure_state()]  # type: ignore[misc]
+
+    def worker_gradient_views(self, worker: int) -> list[Tensor]:
+        """Views of row `worker` of `worker_gradients()` shaped like the parameters, in parameter order."""
+        return [view for segment in self._ensure_state() for view in segment.views_of(segment.local[worker])]  # type: ignore[index]
+
     def _any_rank_nonfinite(self, grads: list[Tensor]) -> bool:
         flag = (~torch.isfinite(global_norm(F.grad_norms(grads)))).float().reshape(1)
-        if self.world_size > 1:
+        if self.num_processes > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
@@ -197,8 +319,11 @@ class OnebitOptimizer(OptimizerBase):
         if self._segments is not None:
             return self._segments
         self._segments = []
+        row_scaled = {id(p) for g in self.param_groups if g.get("row_scales") for p in g["params"]}
         for params in self._segment_groups():
-            segment = MomentumSegment.build(params, self.world_size, self.group, self.traffic)
+            segment = MomentumSegment.build(
+                params, self.world_size, self.group, self.traffic, self.exchange, row_scaled
+            )
             for param, view in zip(params, segment.views):
                 state = self.state[param]
                 if "exp_avg" in state:
@@ -276,6 +401,44 @@ class OnebitOptimizer(OptimizerBase):
 
     def _on_load_warmup(self) -> None:
         """Loaded at step < freeze_step: drop compression-only state (errors and pad start at zero)."""
+
+    def _exchange(self, segment: MomentumSegment, kappas: list[Tensor] | None, *, beta1: float) -> None:
+        """Replace the segment's local momentum by the compressed average over all workers.
+
+        k == 1: `segment.buffer` holds this rank's local momentum (views updated by the caller).
+        k > 1: row w of `segment.local` holds worker w's own gradient g_w; here it becomes that
+        worker's local momentum β1·m + (1−β1)·g_w (m the synchronized momentum in `segment.buffer`,
+        the pad kept from it), with the arithmetic of `functional.local_momentum_`. κ (DeepSpeed's
+        layout only) scales every tensor before the exchange and is divided out after it.
+        """
+        compressor = segment.compressor
+        if compressor is None:  # one worker: the exchange is the identity, κ·(1/κ) only adds rounding
+            return
+        if segment.local is None:
+            local = segment.buffer
+            if kappas is not None:
+                torch._foreach_mul_(segment.views, kappas)
+        else:
+            local = segment.local
+            numel = segment.buffer.numel() - segment.pad.numel()
+            scaled = segment.snapshot_scaled(beta1)  # β1·m, once for all workers
+            for worker in range(self.virtual_workers):
+                row = local[worker]
+                torch.add(scaled[:numel], row[:numel], alpha=1.0 - beta1, out=row[:numel])
+                row[numel:].copy_(segment.pad)
+                if kappas is not None:
+                    torch._foreach_mul_(segment.views_of(row), kappas)
+        probe = self.probe if self.probe is not None and self.probe.active else None
+        if probe is not None:
+            probe.before_exchange(local, self.world_size, self.group)
+        if segment.local is None:
+            compressor(segment.buffer)
+        else:
+            compressor(segment.local, out=segment.buffer)
+        if probe is not None:
+            probe.after_exchange(segment.buffer, segment.params, kappas)
+        if kappas is not None:
+            torch._foreach_div_(segment.views, kappas)
 
     def statistics(self) -> dict[str, float]:
         statistics = {**super().statistics(), "compression_stage": float(self.stage is Stage.compression)}

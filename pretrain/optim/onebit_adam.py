@@ -17,12 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pretrain.comm.compressed_allreduce import SignScale
 from pretrain.optim import functional as F
-from pretrain.optim.onebit import OnebitOptimizer
+from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 
 
 class OnebitAdam(OnebitOptimizer):
-    """1-bit Adam. Defaults as DeepSpeed (spec §4); `exp_avg_mask` and `group` as in `OnebitLamb`."""
+    """1-bit Adam. Defaults as DeepSpeed (spec §4); `exp_avg_mask`, `group` and the exchange options
+    (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`) as in `OnebitLamb`."""
 
     def __init__(
         self,
@@ -34,9 +36,17 @@ class OnebitAdam(OnebitOptimizer):
         weight_decay: float = 0.0,
         *,
         group: Any = None,
+        compression: Compression | str = Compression.deepspeed,
+        exact_vectors: bool = False,
+        sign_scale: SignScale | str = SignScale.rms,
+        virtual_workers: int = 1,
+        block_size: int = 2048,
     ) -> None:
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        super().__init__(params, defaults, freeze_step=freeze_step, group=group)
+        exchange = ExchangeOptions(
+            Compression(compression), exact_vectors, SignScale(sign_scale), virtual_workers, block_size
+        )
+        super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
 
     def _segment_groups(self) -> list[list[Tensor]]:
         return [list(group["params"]) for group in self.param_groups]
@@ -63,9 +73,9 @@ class OnebitAdam(OnebitOptimizer):
 
     def _compression_step(self, grads: list[Tensor]) -> None:
         for (group, span), segment in zip(self._group_slices(), self._segments or []):
-            F.local_momentum_(segment.views, grads[span], beta1=group["betas"][0])
-            if segment.compressor is not None:
-                segment.compressor(segment.buffer)
+            if segment.local is None:  # virtual workers form their local momenta inside the exchange
+                F.local_momentum_(segment.views, grads[span], beta1=group["betas"][0])
+            self._exchange(segment, None, beta1=group["betas"][0])
         self._apply_masks()
         for group, _ in self._group_slices():
             hyper = dict(lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])

@@ -5,18 +5,38 @@ Warmup (steps 1..freeze_step, gradients averaged by the trainer): exactly
 EMA c̄ of c (coeff_beta, no bias correction, only where c ≠ 1). At step freeze_step v_f ← v.
 
 Compression (later steps, local gradients, §3.5): κ scaling (computed once, at the first compression
-step, guarded against all-zero momentum), local momentum, ONE compressed allreduce of the fused flat
-momentum of all tensors, momentum masks, frozen v, v_f from the reconstructed gradient, the factor rule
-(factor_min/max/threshold) and p ← p − η·c̄·f·(m/(√v+ε) + λp).
+step, guarded against all-zero momentum; DeepSpeed's layout only), local momentum, ONE compressed
+allreduce of the fused flat momentum of all tensors (scales per `compression`, see
+`pretrain.optim.onebit`), momentum masks, frozen v, v_f from the reconstructed gradient, the factor
+rule (factor_min/max/threshold) and p ← p − η·c̄·f·(m/(√v+ε) + λp). With `trust_ratio=live` the step
+instead takes LAMB's own rule on the compressed momentum every step, p ← p − η·c·u with
+u = m/(√v+ε) + λp and c = min(‖p‖/‖u‖, max_coeff): every input is replicated (synchronized m, frozen v,
+p), so it costs no communication, and the step's norm is η·‖p‖ (LAMB's) however large ‖u‖ grows. It
+grows: sign compression gives every element of a segment the same magnitude, and with v frozen early
+the gradients of some tensors outgrow it (the query and key matrices, whose gradients are ~0 while
+attention is still uniform: results/cpu-study/README.md). `trust_ratio=live_clamped` also clamps c from
+below at `min_coeff` as the warmup does; once ‖u‖ > ‖p‖/min_coeff that floor makes the step
+η·min_coeff·‖u‖, larger than LAMB's and growing with ‖u‖ (measured: 10-90x on the query/key matrices,
+and a divergence). With `coeff_bias_correction` the
+frozen coefficient is the bias-corrected EMA c̄/(1 − coeff_beta^k), k the number of warmup updates that
+entered it (DeepSpeed uses c̄ as is, which after k updates of a constant c is only (1 − β^k)·c).
+
+Defaults: this class's arguments are DeepSpeed's algorithm (spec §3: one scale per buffer, RMS sign scale,
+frozen c̄·f), the parity mode. The project's config (`conf/optim/onebit_lamb.yaml`, `OnebitLambConfig`)
+defaults to the remedy instead — `compression=per_row`, `sign_scale=mean_abs`, `trust_ratio=live` — because
+the CPU study (results/cpu-study/) measured DeepSpeed's algorithm losing to LAMB and diverging on some seeds
+where the remedy did not (spec §3.8 has the mechanism).
 
 Per-parameter state: step count lives in the param groups; `exp_avg` (view into the flat buffer),
-`exp_avg_sq`, `lamb_coeff_freeze` (c̄), `last_factor`, from step freeze_step `exp_avg_sq_fresh` (v_f), from
-the first compression step `scaling_coeff` (κ); `master_param` for bf16/fp16 parameters. Scalars are
+`exp_avg_sq`, `lamb_coeff_freeze` (c̄), `lamb_coeff_updates` (k), `last_factor`, from step freeze_step
+`exp_avg_sq_fresh` (v_f), from the first compression step `scaling_coeff` (κ); `master_param` for
+bf16/fp16 parameters. Scalars are
 0-dim fp32 tensors on the parameter's device.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -24,10 +44,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pretrain.comm.compressed_allreduce import SignScale
 from pretrain.optim import functional as F
-from pretrain.optim.onebit import OnebitOptimizer
+from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
 
 logger = logging.getLogger(__name__)
+
+
+class TrustRatio(str, enum.Enum):
+    """The compression stage's step coefficient (module docstring)."""
+
+    frozen = "frozen"  # DeepSpeed: c̄ (EMA of the warmup's trust ratios) times the fresh-variance factor
+    live = "live"  # LAMB's trust ratio ‖p‖/‖u‖ (capped at max_coeff), every step on the compressed momentum
+    live_clamped = "live_clamped"  # the same, clamped to [min_coeff, max_coeff] as in the warmup
 
 
 class OnebitLamb(OnebitOptimizer):
@@ -43,6 +72,10 @@ class OnebitLamb(OnebitOptimizer):
         factor_min, factor_max, factor_threshold: the compression-stage factor rule (§3.5j).
         group: data-parallel process group (None: the default group, or a world of one without
             torch.distributed).
+        compression, exact_vectors, sign_scale, virtual_workers: the momentum exchange
+            (`pretrain.optim.onebit`); the defaults are DeepSpeed's algorithm on real ranks.
+        coeff_bias_correction: freeze the bias-corrected c̄ (module docstring).
+        trust_ratio: `frozen` (DeepSpeed: c̄·f), `live` or `live_clamped` (module docstring).
     """
 
     def __init__(
@@ -61,14 +94,27 @@ class OnebitLamb(OnebitOptimizer):
         factor_min: float = 0.5,
         factor_threshold: float = 0.1,
         group: Any = None,
+        compression: Compression | str = Compression.deepspeed,
+        exact_vectors: bool = False,
+        sign_scale: SignScale | str = SignScale.rms,
+        virtual_workers: int = 1,
+        block_size: int = 2048,
+        coeff_bias_correction: bool = False,
+        trust_ratio: TrustRatio | str = TrustRatio.frozen,
     ) -> None:
         if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
             raise ValueError("OnebitLamb needs 0 <= min_coeff <= max_coeff and 0 < factor_min <= factor_max")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        super().__init__(params, defaults, freeze_step=freeze_step, group=group)
+        exchange = ExchangeOptions(
+            Compression(compression), exact_vectors, SignScale(sign_scale), virtual_workers, block_size
+        )
+        super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
         self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta
+        self.coeff_bias_correction = coeff_bias_correction
+        self.trust_ratio = TrustRatio(trust_ratio)
+        self._last_live_coeffs: dict[int, Any] = {}  # `live`: the last step's coefficients, per group
         self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
 
     def _segment_groups(self) -> list[list[Tensor]]:
@@ -78,6 +124,7 @@ class OnebitLamb(OnebitOptimizer):
         self.state[param].update(
             exp_avg_sq=torch.zeros_like(param, dtype=torch.float32),
             lamb_coeff_freeze=torch.zeros((), dtype=torch.float32, device=param.device),
+            lamb_coeff_updates=torch.zeros((), dtype=torch.float32, device=param.device),
             last_factor=torch.ones((), dtype=torch.float32, device=param.device),
         )
 
@@ -100,6 +147,9 @@ class OnebitLamb(OnebitOptimizer):
             coeff_freeze = self._states(params, "lamb_coeff_freeze")
             ema = F.freeze_coeff_ema(torch.stack(coeff_freeze), coeffs, self.coeff_beta)  # type: ignore[arg-type]
             torch._foreach_copy_(coeff_freeze, list(ema.unbind()))
+            assert coeffs is not None
+            counts = self._coeff_update_counts(params)
+            torch._foreach_add_(counts, list((coeffs != 1.0).float().unbind()))
 
     def _freeze(self) -> None:
         """v_f ← v; κ is recomputed at the next (first compression) step; the factor rule restarts at 1."""
@@ -110,18 +160,24 @@ class OnebitLamb(OnebitOptimizer):
             state.pop("scaling_coeff", None)
             state["last_factor"].fill_(1.0)
 
+    def _coeff_update_counts(self, params: list[Tensor]) -> list[Tensor]:
+        for p in params:  # state saved before the count existed: the EMA is taken as fully warmed up
+            self.state[p].setdefault("lamb_coeff_updates", torch.full((), 1e9, device=p.device))
+        return self._states(params, "lamb_coeff_updates")
+
     def _compression_step(self, grads: list[Tensor]) -> None:
         (segment,) = self._segments or []
-        exp_avgs = segment.views
         prev_exp_avgs = segment.snapshot()
-        kappas = self._scaling_coefficients(segment.params)
-        for group, span in self._group_slices():
-            F.local_momentum_(exp_avgs[span], grads[span], beta1=group["betas"][0])
-        if segment.compressor is not None:
-            # With one rank the exchange is the identity and κ·(1/κ) would only add rounding: skipped.
-            torch._foreach_mul_(exp_avgs, kappas)
-            segment.compressor(segment.buffer)
-            torch._foreach_div_(exp_avgs, kappas)
+        kappas = None
+        if self.exchange.compression is Compression.deepspeed:
+            kappas = self._scaling_coefficients(segment.params)
+        if segment.local is None:  # virtual workers form their local momenta inside the exchange
+            for group, span in self._group_slices():
+                F.local_momentum_(segment.views[span], grads[span], beta1=group["betas"][0])
+        betas = {group["betas"][0] for group in self.param_groups}
+        if segment.local is not None and len(betas) > 1:
+            raise ValueError("virtual workers need one beta1 for all parameter groups")
+        self._exchange(segment, kappas, beta1=self.param_groups[0]["betas"][0])
         self._apply_masks()
         for group, span in self._group_slices():
             self._compressed_update(group, prev_exp_avgs[span])
@@ -136,10 +192,30 @@ class OnebitLamb(OnebitOptimizer):
 
     def _compressed_update(self, group: dict[str, Any], prev_exp_avgs: list[Tensor]) -> None:
         params = group["params"]
+        if self.trust_ratio is not TrustRatio.frozen:
+            tensors = [[self._fp32_param(p) for p in params], self._states(params, "exp_avg")]
+            tensors.append(self._states(params, "exp_avg_sq"))
+            hyper = self._hyper(group)
+            coeffs = self._chunked(
+                F.clamped_trust_ratio_step_,
+                tensors,
+                (),
+                lr=hyper["lr"],
+                eps=hyper["eps"],
+                weight_decay=hyper["weight_decay"],
+                min_coeff=self.min_coeff if self.trust_ratio is TrustRatio.live_clamped else 0.0,
+                max_coeff=self.max_coeff,
+            )
+            self._last_live_coeffs[id(group)] = coeffs
+            return
         tensors = [[self._fp32_param(p) for p in params], self._states(params, "exp_avg"), prev_exp_avgs]
         tensors += [self._states(params, "exp_avg_sq"), self._states(params, "exp_avg_sq_fresh")]
         last_factors = self._states(params, "last_factor")
-        scalars = (torch.stack(self._states(params, "lamb_coeff_freeze")), torch.stack(last_factors))
+        coeffs = torch.stack(self._states(params, "lamb_coeff_freeze"))
+        if self.coeff_bias_correction:
+            counts = torch.stack(self._coeff_update_counts(params))
+            coeffs = coeffs / (1.0 - torch.pow(self.coeff_beta, counts)).clamp(min=1e-12)
+        scalars = (coeffs, torch.stack(last_factors))
         factor_rule = dict(
             factor_min=self.factor_min, factor_max=self.factor_max, factor_threshold=self.factor_threshold
         )
@@ -164,8 +240,12 @@ class OnebitLamb(OnebitOptimizer):
             return super().statistics()
         coeffs = torch.stack(self._states(params, "lamb_coeff_freeze"))
         factors = torch.stack(self._states(params, "last_factor"))
-        return {
+        statistics = {
             **super().statistics(),
             "lamb_coeff_freeze_mean": float(coeffs.mean()),
             "factor_mean": float(factors.mean()),
         }
+        live = [c for c in self._last_live_coeffs.values() if c is not None]
+        if live and self.stage is Stage.compression:
+            statistics["live_coeff_mean"] = float(torch.cat(live).mean())
+        return statistics

@@ -7,7 +7,10 @@ Rules (spec §1.5, with one deliberate difference):
   trains it through the NSP head, and a parameter outside the optimizer would silently freeze;
 - optional (1-bit optimizers): `position_embeddings.weight` in its own group whose `exp_avg_mask` is 1 on
   rows < max_seq_length and 0 on the rows a run at that length never uses. Pass the same
-  `max_seq_length` argument style in every phase so the group layout (and so the checkpoint) matches.
+  `max_seq_length` argument style in every phase so the group layout (and so the checkpoint) matches;
+- optional (1-bit optimizers with `compression=per_row`): the word and token-type embeddings in their
+  own group flagged `row_scales` (the position group gets the flag too), so that the 1-bit exchange gives
+  each of their rows its own scale. Without it the layout is the one DeepSpeed's BERT example uses.
 """
 
 from __future__ import annotations
@@ -19,24 +22,33 @@ from torch import nn
 
 NO_DECAY_MARKERS = ("bias", "LayerNorm")
 POSITION_EMBEDDINGS = "position_embeddings.weight"
+ROW_SCALED_EMBEDDINGS = ("word_embeddings.weight", "token_type_embeddings.weight")
 
 
 def param_groups(
-    model: nn.Module, weight_decay: float = 0.01, *, max_seq_length: int | None = None
+    model: nn.Module,
+    weight_decay: float = 0.01,
+    *,
+    max_seq_length: int | None = None,
+    row_scales: bool = False,
 ) -> list[dict[str, Any]]:
-    """Groups in a fixed order: [decayed, not decayed, (position embeddings with exp_avg_mask)].
+    """Groups in a fixed order: [decayed, not decayed, (row-scaled embeddings), (position embeddings with
+    exp_avg_mask)].
 
     Frozen parameters (requires_grad False) are left out; tied parameters appear once. The mask has
     shape [num_positions, 1] and broadcasts over the embedding width.
     """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
+    embeddings: list[nn.Parameter] = []
     positions: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         if max_seq_length is not None and name.endswith(POSITION_EMBEDDINGS):
             positions.append(param)
+        elif row_scales and name.endswith(ROW_SCALED_EMBEDDINGS):
+            embeddings.append(param)
         elif any(marker in name for marker in NO_DECAY_MARKERS):
             no_decay.append(param)
         else:
@@ -45,6 +57,8 @@ def param_groups(
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if row_scales:
+        groups.append({"params": embeddings, "weight_decay": weight_decay, "row_scales": True})
     if max_seq_length is not None:
         if len(positions) != 1:
             raise ValueError(
@@ -53,5 +67,8 @@ def param_groups(
         (table,) = positions
         mask = torch.zeros(table.shape[0], 1, dtype=torch.float32, device=table.device)
         mask[:max_seq_length] = 1.0
-        groups.append({"params": positions, "weight_decay": weight_decay, "exp_avg_mask": mask})
+        position_group = {"params": positions, "weight_decay": weight_decay, "exp_avg_mask": mask}
+        if row_scales:
+            position_group["row_scales"] = True
+        groups.append(position_group)
     return [group for group in groups if group["params"]]

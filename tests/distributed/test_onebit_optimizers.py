@@ -28,10 +28,10 @@ NUM_STEPS = 9
 VOCAB, USED_TOKENS = 12, 9  # embedding rows >= USED_TOKENS are never looked up and are masked
 
 
-def _model() -> torch.nn.Module:
+def _model(vocab: int = VOCAB) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Embedding(VOCAB, 8), torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
+        torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
         torch.nn.Linear(16, 4),
     )  # fmt: skip
 
@@ -98,6 +98,13 @@ def _step(model, optimizer, rank: int, world_size: int, step: int, log: dict) ->
     assert not optimizer.last_step_skipped
 
 
+def _load(path: Path, model: torch.nn.Module, optimizer) -> None:
+    """Restore a `{"model", "optimizer"}` checkpoint written by `torch.save` in a test."""
+    saved = torch.load(path, weights_only=True)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+
+
 def _train(rank: int, world_size: int, checkpoint_dir: str, resume: bool) -> dict:
     torch.set_num_threads(1)
     results = {}
@@ -107,9 +114,7 @@ def _train(rank: int, world_size: int, checkpoint_dir: str, resume: bool) -> dic
         path = Path(checkpoint_dir) / f"{name}-rank{rank}.pt"
         first = 0
         if resume:
-            saved = torch.load(path, weights_only=True)
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
+            _load(path, model, optimizer)
             first = SAVE_AFTER
         log: dict = {"digests": [], "warmup_equals_lamb": [], "masked_rows_zero": [], "allreduce": []}
         for step in range(first, NUM_STEPS):

@@ -384,3 +384,70 @@ def test_traffic_and_statistics_with_one_rank():
     stats = opt.statistics()
     assert stats["compression_stage"] == 1.0 and stats["skipped_steps"] == 0.0
     assert 0.0 < stats["lamb_coeff_freeze_mean"] <= 10.0 and 0.5 <= stats["factor_mean"] <= 4.0
+
+
+# -- the remedies' options (issue 14) ------
+def _two_tensors() -> list[torch.nn.Parameter]:
+    torch.manual_seed(3)
+    return [torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(4))]
+
+
+def _grads(step: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(6, 4, generator=generator), torch.randn(4, generator=generator)]
+
+
+@pytest.mark.parametrize("trust_ratio", ["live", "live_clamped"])
+def test_live_trust_ratio_takes_lambs_step_on_the_frozen_variance(trust_ratio):
+    """`live`: c = min(‖p‖/‖u‖, max_coeff), the step's norm LAMB's; `live_clamped`: c also ≥ min_coeff."""
+    params = _two_tensors()
+    optimizer = OnebitLamb(
+        [{"params": params, "weight_decay": 0.01}],
+        lr=0.01,
+        freeze_step=2,
+        trust_ratio=trust_ratio,
+        min_coeff=0.25,
+        max_coeff=0.3,
+    )
+    for step in range(2):
+        for p, g in zip(params, _grads(step)):
+            p.grad = g
+        optimizer.step()
+    frozen_v = [optimizer.state[p]["exp_avg_sq"].clone() for p in params]
+    expected, ratios = [], []
+    for p, g, v in zip(params, _grads(2), frozen_v):
+        m = 0.9 * optimizer.state[p]["exp_avg"] + 0.1 * g
+        u = m / (v.sqrt() + 1e-8) + 0.01 * p.detach()
+        ratio = p.detach().norm() / u.norm()
+        ratios.append(float(ratio))
+        coeff = ratio.clamp(0.25 if trust_ratio == "live_clamped" else 0.0, 0.3)
+        expected.append(p.detach() - 0.01 * coeff * u)
+        p.grad = g
+    assert min(ratios) < 0.25  # the floor binds on one tensor, so the two rules differ here
+    optimizer.step()
+    for p, want, v in zip(params, expected, frozen_v):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(optimizer.state[p]["exp_avg_sq"], v)
+    assert optimizer.statistics()["live_coeff_mean"] <= 0.3
+
+
+def test_coefficient_bias_correction_divides_by_one_minus_beta_to_the_updates():
+    runs = {}
+    for corrected in (False, True):
+        params = _two_tensors()
+        optimizer = OnebitLamb(
+            [{"params": params, "weight_decay": 0.01}],
+            lr=0.01,
+            freeze_step=3,
+            coeff_bias_correction=corrected,
+        )
+        start = [p.detach().clone() for p in params]
+        for step in range(4):
+            for p, g in zip(params, _grads(step)):
+                p.grad = g
+            optimizer.step()
+        updates = [optimizer.state[p]["lamb_coeff_updates"].item() for p in params]
+        runs[corrected] = ([(p.detach() - s).norm().item() for p, s in zip(params, start)], updates)
+    assert runs[True][1] == [3.0, 3.0]  # three warmup steps with a usable ratio
+    # the compression step's coefficient is c̄ / (1 − 0.9³): the corrected run moves further
+    assert all(corrected > plain for corrected, plain in zip(runs[True][0], runs[False][0]))
