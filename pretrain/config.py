@@ -130,10 +130,22 @@ class TrainConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     show_progress: bool = True
     peak_tflops: float | None = None  # per-device peak (e.g. 989 for H100 bf16 dense): enables the MFU metric
+    # simulated data parallelism (pretrain/simulated.py): each process runs k workers, so the run is one of
+    # world size x k workers (1-bit error feedback, data split and averaging as on that many real ranks)
+    sim_world_size: int = 1
+    # per parameter family: 1-bit exchange fidelity, update sizes, vocabulary rows by token frequency
+    # (pretrain/diagnostics.py), at log steps; costs an fp32 allreduce of the momentum there (not counted)
+    diagnostics: bool = False
 
     def __post_init__(self) -> None:
         if self.log_every < 1:
             raise ValueError("log_every must be >= 1")
+        if not 1 <= self.sim_world_size <= 1024:
+            raise ValueError(f"sim_world_size must be in [1, 1024], got {self.sim_world_size}")
+        if self.sim_world_size > 1 and self.precision is Precision.fp16:
+            raise ValueError(
+                "sim_world_size > 1 needs precision fp32 or bf16 (fp16 loss scales are per rank)"
+            )
         if self.max_steps is not None and self.max_steps < 0:
             raise ValueError("max_steps must be >= 0 or null")
         if self.resume not in ("auto", "none") and not self.resume:

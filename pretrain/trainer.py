@@ -34,6 +34,7 @@ from data.tokenizer import load_prepared_tokenizer
 from pretrain import checkpoint as ckpt
 from pretrain.comm.counter import ring_allreduce_bytes
 from pretrain.config import PhaseConfig, Precision, TrainConfig
+from pretrain.diagnostics import Diagnostics, token_counts
 from pretrain.distributed import DistributedEnv, autocast_context
 from pretrain.faults import FaultInjector
 from pretrain.gradient_sync import GradientSync
@@ -51,6 +52,7 @@ from pretrain.optim import build_optimizer, needs_gradient_allreduce, param_grou
 from pretrain.optim.schedule import build_scheduler
 from pretrain.phase_data import PhaseData, phase_folder
 from pretrain.precision import DynamicLossScaler, NoScaler
+from pretrain.simulated import SimulatedRanks, VirtualPhaseData, worker_seed
 
 log = logging.getLogger("pretrain")
 PREEMPTED_EXIT_CODE = 75  # checkpoint written on SIGTERM/SIGUSR1; resume with resume=auto
@@ -79,6 +81,13 @@ class Trainer:
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         self.run_dir = Path(cfg.run_dir)
+        # data-parallel workers: processes x simulated workers per process (pretrain/simulated.py)
+        self.workers = env.world_size * cfg.sim_world_size
+        self.simulated = None
+        if cfg.sim_world_size > 1:
+            self.simulated = SimulatedRanks(
+                cfg.sim_world_size, env.rank, env.world_size, cfg.seed, env.device
+            )
         self.tokenizer, vocab_size = self._check_data()
         self.model = build_model(cfg.model, vocab_size, env.device)
         self.num_params = sum(p.numel() for p in self.model.parameters())
@@ -96,17 +105,28 @@ class Trainer:
         self.onebit = hasattr(cfg.optim, "freeze_step")
         self._configure_optimizer_for_phase0()
         mask_length = self.phases[0].max_seq_length if self._masks_positions() else None
-        groups = param_groups(self.model, cfg.optim.weight_decay, max_seq_length=mask_length)
-        self.optimizer = build_optimizer(cfg.optim.name, cfg.optim, groups)
+        row_scales = self.onebit and bool(getattr(cfg.optim, "row_scales", False))
+        groups = param_groups(
+            self.model, cfg.optim.weight_decay, max_seq_length=mask_length, row_scales=row_scales
+        )
+        self.optimizer = build_optimizer(
+            cfg.optim.name, cfg.optim, groups, virtual_workers=cfg.sim_world_size
+        )
         self.scaler = DynamicLossScaler() if self.precision is Precision.fp16 else NoScaler()
         self.state = TrainState()
-        self.data: PhaseData | None = None
+        self.data: PhaseData | VirtualPhaseData | None = None
         self.scheduler: Any = None
         self.logger: MetricsLogger = NullLogger()
         self._signal: int | None = None
         self._pending_tokens = torch.zeros((), device=env.device)
         self._previous_handlers: dict[int, Any] = {}
         self.faults = FaultInjector.from_env(env.rank)  # test-only (tests/reliability); inert unless set
+        self.diagnostics = None
+        if cfg.diagnostics:
+            counts = token_counts(phase_folder(cfg.data_dir, self.phases[0].max_seq_length), vocab_size)
+            self.diagnostics = Diagnostics(self.model, self.optimizer, counts)
+        # this rank's dropout stream, as its simulated twin would have it (pretrain/simulated.py)
+        torch.manual_seed(worker_seed(cfg.seed, env.rank))
 
     # -- set-up ----------------------------------------------------------------------------------------
     def _check_data(self):
@@ -122,7 +142,7 @@ class Trainer:
         for folder in folders:
             PretrainingDataset(folder, verify=verify)
         for phase in self.phases:
-            phase.accumulation_steps(self.env.world_size)
+            phase.accumulation_steps(self.workers)
             if self.cfg.dry_run and self.cfg.dry_run_world_size:
                 phase.accumulation_steps(self.cfg.dry_run_world_size)
         return load_prepared_tokenizer(folders[0]), int(manifests[0]["tokenizer"]["vocab_size"])
@@ -161,18 +181,25 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, phase.schedule, phase.steps)
         if self.data is not None:
             self.data.close()
-        self.data = PhaseData(
-            phase_folder(self.cfg.data_dir, phase.max_seq_length),
-            global_batch=phase.global_batch,
-            micro_batch=phase.micro_batch,
-            rank=self.env.rank,
-            world_size=self.env.world_size,
-            seed=self.cfg.seed + index,
-            num_workers=self.cfg.num_workers,
-            vocab_size=len(self.tokenizer),
-            pin_memory=self.env.device.type == "cuda",
-            dry_run=self.cfg.dry_run,
-        )
+
+        def make(rank: int, world_size: int) -> PhaseData:
+            return PhaseData(
+                phase_folder(self.cfg.data_dir, phase.max_seq_length),
+                global_batch=phase.global_batch,
+                micro_batch=phase.micro_batch,
+                rank=rank,
+                world_size=world_size,
+                seed=self.cfg.seed + index,
+                num_workers=self.cfg.num_workers,
+                vocab_size=len(self.tokenizer),
+                pin_memory=self.env.device.type == "cuda",
+                dry_run=self.cfg.dry_run,
+            )
+
+        if self.simulated is None:
+            self.data = make(self.env.rank, self.env.world_size)
+        else:
+            self.data = VirtualPhaseData(make, self.simulated.first, self.cfg.sim_world_size, self.workers)
         return phase
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -236,31 +263,30 @@ class Trainer:
 
     def train_step(self, phase: PhaseConfig) -> dict[str, float] | None:
         """One optimizer step of `phase.global_batch` samples; metrics on log steps, else None."""
-        accumulation = phase.accumulation_steps(self.env.world_size)
+        accumulation = phase.accumulation_steps(self.workers)
         timer = _Timer(self.env.device)
         assert self.data is not None
         # fetch
-        batches = self.data.next_step(accumulation)
+        batches: Any = self.data.next_step(accumulation)  # simulated workers: one list per worker
         timer.lap("data")
         # forward / backward; the last micro-batch's backward runs the gradient sync hook
         sync = needs_gradient_allreduce(self.optimizer)
         log_step = (self.state.global_step + 1) % self.cfg.log_every == 0
-        self.sync.start_step(enabled=sync, measure=log_step and sync and self.env.world_size > 1)
-        totals = torch.zeros(5, device=self.env.device)  # mlm, nsp, correct, masked, non-pad tokens
-        for index, batch in enumerate(batches):
-            batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
-            last = index == accumulation - 1
-            with self.ddp.no_sync() if not last else nullcontext():
-                with autocast_context(self.env.device, self.precision.value):
-                    mlm, nsp, correct, masked = self.ddp(**batch)
-                # the mean over this rank's micro-batches (spec §5.2), in every stage
-                self.scaler.scale_loss((mlm + nsp) / accumulation).backward()
-            totals += torch.stack(
-                [mlm.detach(), nsp.detach(), correct, masked, batch["attention_mask"].sum()]
+        measure = log_step and sync and self.env.world_size > 1 and self.simulated is None
+        self.sync.start_step(enabled=sync, measure=measure)
+        if self.diagnostics is not None:
+            self.diagnostics.begin_step(log_step)
+        params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
+        if self.simulated is None:
+            totals = torch.zeros(5, device=self.env.device)  # mlm, nsp, correct, masked, non-pad tokens
+            for index, batch in enumerate(batches):
+                totals += self._micro_step(batch, accumulation, sync_gradients=index == accumulation - 1)
+        else:  # k workers; their gradients averaged, or kept apart for the 1-bit exchange
+            totals = self.simulated.forward_backward(
+                batches, lambda batch: self._micro_step(batch, accumulation), self.optimizer, params
             )
         timer.lap("forward_backward")
         # optimizer (1-bit: compressed momentum exchange inside)
-        params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
         self.faults.poison(self.state.global_step + 1, params)
         self.faults.at("mid_step", self.state.global_step + 1)
         # Inf/NaN on any rank: every rank skips the step (parameters, moments, 1-bit errors untouched)
@@ -270,6 +296,7 @@ class Trainer:
         if not overflow:
             self.optimizer.step()
         skipped = overflow or bool(getattr(self.optimizer, "last_step_skipped", False))
+        diagnostics = self.diagnostics.end_step(skipped) if self.diagnostics is not None else {}
         self.scaler.update(skipped)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -278,7 +305,24 @@ class Trainer:
         self._count(phase, totals, sync, skipped, _onebit_bytes(self.optimizer) - traffic_before)
         if not log_step:
             return None
-        return self._metrics(phase, totals, timer, grad_norm, accumulation)
+        return {**self._metrics(phase, totals, timer, grad_norm, accumulation), **diagnostics}
+
+    def _micro_step(self, batch: dict[str, torch.Tensor], accumulation: int, sync_gradients: bool = False):
+        """Forward and backward of one micro-batch (gradients synchronized by DDP's hook only when asked);
+        -> [mlm loss, nsp loss, correct, masked, non-pad tokens]."""
+        batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
+        with self.ddp.no_sync() if not sync_gradients else nullcontext():
+            with autocast_context(self.env.device, self.precision.value):
+                mlm, nsp, correct, masked = self.ddp(**batch)
+            # the mean over this rank's micro-batches (spec §5.2), in every stage
+            self.scaler.scale_loss((mlm + nsp) / accumulation).backward()
+        return torch.stack([mlm.detach(), nsp.detach(), correct, masked, batch["attention_mask"].sum()])
+
+    def _gradient_bytes(self) -> float:
+        """Bytes a worker sent averaging gradients this step (a simulated run: what its workers would)."""
+        if self.simulated is None:
+            return self.sync.bytes_sent
+        return ring_allreduce_bytes(self.num_params, 4, self.workers)
 
     # -- metrics ---------------------------------------------------------------------------------------
     def _count(
@@ -292,9 +336,9 @@ class Trainer:
         # tokens: this rank's count x world size (exact per-rank counts would need a collective per step);
         # summed on the device and folded into the state at log steps and saves (no host sync per step)
         self._pending_tokens += totals[4]
-        state.bytes_sent += self.sync.bytes_sent if sync else onebit_bytes
-        if self.env.world_size > 1:
-            state.bytes_lamb_equivalent += ring_allreduce_bytes(self.num_params, 4, self.env.world_size)
+        state.bytes_sent += self._gradient_bytes() if sync else onebit_bytes
+        if self.workers > 1:
+            state.bytes_lamb_equivalent += ring_allreduce_bytes(self.num_params, 4, self.workers)
 
     def _flush_tokens(self) -> None:
         self.state.tokens_seen += int(self._pending_tokens.item()) * self.env.world_size
@@ -304,7 +348,7 @@ class Trainer:
         self._flush_tokens()
         if self.env.world_size > 1:
             dist.all_reduce(totals)
-        mlm, nsp = (totals[:2] / (accumulation * self.env.world_size)).tolist()
+        mlm, nsp = (totals[:2] / (accumulation * self.workers)).tolist()
         seconds = timer.total
         metrics: dict[str, float] = {
             "loss": mlm + nsp,
@@ -323,7 +367,7 @@ class Trainer:
             "step_seconds": seconds,
             **{f"time_{name}": value for name, value in timer.laps.items()},
             "time_communication": self.sync.seconds,
-            "bytes_step": self.sync.bytes_sent if self.sync.enabled else 0.0,
+            "bytes_step": self._gradient_bytes() if self.sync.enabled else 0.0,
             "bytes_cumulative": self.state.bytes_sent,
             "bytes_lamb_cumulative": self.state.bytes_lamb_equivalent,
         }
@@ -378,6 +422,8 @@ class Trainer:
             "world_size": self.env.world_size,
         }
         rank_state = {"optimizer": self.optimizer.state_dict(), "rng": ckpt.rng_state()}
+        if self.simulated is not None:
+            rank_state["simulated"] = self.simulated.state_dict()
         step = self.state.global_step
         path = ckpt.save_checkpoint(
             self.run_dir / "checkpoints",
@@ -419,6 +465,11 @@ class Trainer:
         self.state = TrainState(**shared["train_state"])
         if int(shared.get("world_size", self.env.world_size)) == self.env.world_size:
             ckpt.set_rng_state(rank_state["rng"])
+            restored = self.simulated is None or self.simulated.load_state_dict(
+                rank_state.get("simulated", {})
+            )
+            if not restored:
+                log.warning("resume: the simulated workers changed; their RNG streams restart")
         else:
             log.warning(
                 "resume: world size changed (%s -> %s); RNG streams restart",
@@ -508,9 +559,10 @@ class Trainer:
         print(
             f"dry run: {self.cfg.model.size.value} with {self.num_params / 1e6:.1f}M parameters, "
             f"optim={self.cfg.optim.name}, world size {self.env.world_size}, {self.env.backend}"
+            + (f", {self.workers} workers ({self.cfg.sim_world_size} per process)" if self.simulated else "")
         )
-        world_sizes = [self.env.world_size]
-        if self.cfg.dry_run_world_size and self.cfg.dry_run_world_size != self.env.world_size:
+        world_sizes = [self.workers]
+        if self.cfg.dry_run_world_size and self.cfg.dry_run_world_size != self.workers:
             world_sizes.append(self.cfg.dry_run_world_size)
         for phase in self.phases:
             folder = phase_folder(self.cfg.data_dir, phase.max_seq_length)

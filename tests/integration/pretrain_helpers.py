@@ -12,6 +12,24 @@ from hydra import compose, initialize_config_dir
 from data.config import REPO_ROOT
 
 
+def tiny_run_overrides(data: Path, run_dir: Path, optim: str, *extra: str) -> list[str]:
+    """The demo recipe (both phases, crossing freeze_step) on the tiny BERT, quiet, in-process data loading,
+    no HF export: the base of the trainer tests' runs; `extra` overrides come last."""
+    return [
+        "batch=demo",
+        f"optim={optim}",
+        "model=bert_tiny",
+        f"data_dir={data}",
+        f"run_dir={run_dir}",
+        "wandb.mode=disabled",
+        "num_workers=0",
+        "log_every=1",
+        "show_progress=false",
+        "checkpoint.export_hf=false",
+        *extra,
+    ]
+
+
 def compose_train_config(overrides: list[str]):
     from pretrain.config import to_object
 

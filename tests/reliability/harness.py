@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from data.config import REPO_ROOT
 from pretrain.checkpoint import latest_checkpoint
+from tests.integration.pretrain_helpers import tiny_run_overrides
 
 # Wall-clock and throughput fields differ between any two runs; everything else in a metrics line must
 # be bitwise identical between an interrupted-and-resumed run and an uninterrupted one.
@@ -36,21 +37,9 @@ DIAGNOSTIC_KEYS = ("gradient_noise_scale",)
 def pretrain_overrides(data: Path, run_dir: Path, *extra: str) -> list[str]:
     """The demo recipe (1-bit LAMB, both phases, crossing freeze_step) on the tiny BERT, deterministic,
     a checkpoint after every step."""
-    return [
-        "batch=demo",
-        "optim=onebit_lamb",
-        "model=bert_tiny",
-        f"data_dir={data}",
-        f"run_dir={run_dir}",
-        "wandb.mode=disabled",
-        "num_workers=0",
-        "log_every=1",
-        "show_progress=false",
-        "checkpoint.export_hf=false",
-        "deterministic=true",
-        "checkpoint.every_steps=1",
-        *extra,
-    ]
+    return tiny_run_overrides(
+        data, run_dir, "onebit_lamb", "deterministic=true", "checkpoint.every_steps=1", *extra
+    )
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""`sim_world_size=k`: k simulated data-parallel workers in one process against k real gloo processes.
+
+The demo recipe on the tiny BERT with dropout on (so every worker's dropout stream matters), 1-bit LAMB
+with per-row scales, crossing freeze_step. At k = 2 the simulated run equals the real one bitwise:
+parameters, and every logged loss. At k = 4 the warmup's gradient averages differ in fp32 rounding (the
+simulated sum runs in worker order, gloo's ring sums each chunk from another rank), so the two agree
+to a tolerance: losses within 1e-4 relative while the rounding has not grown; the same for 2 processes
+of 2 simulated workers each. A simulated run stopped in the compression stage resumes bitwise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch.local import run_local
+from tests.integration.pretrain_helpers import read_metrics, tiny_run_overrides, train_worker
+
+pytestmark = [pytest.mark.integration, pytest.mark.distributed]
+
+
+def overrides(data: Path, run_dir: Path, *extra: str) -> list[str]:
+    return tiny_run_overrides(
+        data,
+        run_dir,
+        "onebit_lamb",
+        "optim.compression=per_row",
+        "model.hidden_dropout_prob=0.1",
+        "model.attention_probs_dropout_prob=0.1",
+        "batch.phases.0.lr=5e-3",
+        *extra,
+    )
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [m["loss"] for m in read_metrics(run_dir)]
+
+
+def test_two_simulated_workers_equal_two_processes(tiny_data: Path, tmp_path: Path):
+    real = run_local(train_worker, 2, (overrides(tiny_data, tmp_path / "real", "max_steps=20"),))
+    simulated = run_local(
+        train_worker, 1, (overrides(tiny_data, tmp_path / "sim", "max_steps=20", "sim_world_size=2"),)
+    )
+    assert simulated[0]["digest"] == real[0]["digest"] == real[1]["digest"]
+    assert _losses(tmp_path / "sim") == _losses(tmp_path / "real")
+    sim_metrics, real_metrics = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "real")
+    assert [m["onebit_stage"] for m in sim_metrics] == [m["onebit_stage"] for m in real_metrics]
+    assert sim_metrics[-1]["bytes_cumulative"] == real_metrics[-1]["bytes_cumulative"]
+
+
+@pytest.mark.slow
+def test_four_simulated_workers_track_four_processes(tiny_data: Path, tmp_path: Path):
+    extra = ("max_steps=20", "batch.phases.0.micro_batch=8")
+    real = run_local(train_worker, 4, (overrides(tiny_data, tmp_path / "real", *extra),))
+    run_local(train_worker, 1, (overrides(tiny_data, tmp_path / "sim", *extra, "sim_world_size=4"),))
+    # 2 processes of 2 workers: the averages also cross processes (an allreduce of the local sums)
+    mixed = run_local(
+        train_worker, 2, (overrides(tiny_data, tmp_path / "mixed", *extra, "sim_world_size=2"),)
+    )
+    assert len({result["digest"] for result in real}) == 1 and mixed[0]["digest"] == mixed[1]["digest"]
+    for run in ("sim", "mixed"):
+        losses = _losses(tmp_path / run)
+        assert len(losses) == 20
+        for simulated, actual in zip(losses, _losses(tmp_path / "real")):
+            assert simulated == pytest.approx(actual, rel=1e-4), run
+
+
+def test_simulated_run_resumes_bitwise(tiny_data: Path, tmp_path: Path):
+    extra = ("max_steps=20", "sim_world_size=2", "deterministic=true")
+    straight = run_local(train_worker, 1, (overrides(tiny_data, tmp_path / "straight", *extra),))
+    stopped = tmp_path / "stopped"
+    stop = ("max_steps=16", "sim_world_size=2", "deterministic=true")
+    run_local(train_worker, 1, (overrides(tiny_data, stopped, *stop),))
+    resumed = run_local(train_worker, 1, (overrides(tiny_data, stopped, *extra),))
+    assert resumed[0]["digest"] == straight[0]["digest"]
+    losses = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "straight")}
+    assert all(m["loss"] == losses[m["step"]] for m in read_metrics(stopped) if m["step"] > 16)
+
+
+def test_simulated_world_is_checked(tiny_data: Path, tmp_path: Path):
+    from tests.integration.pretrain_helpers import compose_train_config
+
+    with pytest.raises(ValueError, match="sim_world_size"):
+        compose_train_config(overrides(tiny_data, tmp_path, "sim_world_size=0"))
+    with pytest.raises(ValueError, match="fp16"):
+        compose_train_config(overrides(tiny_data, tmp_path, "sim_world_size=2", "precision=fp16"))
