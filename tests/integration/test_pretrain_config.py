@@ -36,11 +36,14 @@ def test_recipe_composes(batch: str, optim: str):
     assert cfg.batch.name == batch and cfg.optim.name == optim
     phases = cfg.batch.phases
     if batch.startswith("cpu_study_"):
-        # the CPU study's stand-ins: phase 1 only, the same samples at every batch, freeze_step ~15-20%
+        # the CPU study's stand-ins: phase 1 only, the same samples at every batch, freeze_step ~15-20%,
+        # >= 300 compression steps, a global batch that 2, 4, 8 and 32 workers divide
         assert [p.max_seq_length for p in phases] == [128]
         assert phases[0].global_batch == int(batch.removeprefix("cpu_study_b"))
-        assert phases[0].steps * phases[0].global_batch == 6144
+        assert phases[0].steps * phases[0].global_batch == 51200
         assert 0.15 <= phases[0].freeze_step / phases[0].steps <= 0.22
+        assert phases[0].steps - phases[0].freeze_step >= 300
+        assert all(phases[0].global_batch % workers == 0 for workers in (2, 4, 8, 32))
         return
     assert [p.max_seq_length for p in phases] == [128, 512]
     if batch != "demo":
