@@ -1,7 +1,7 @@
 """`python -m bench [name ...]` runs every benchmark module listed in BENCHMARKS (or the named ones).
 
-Those in OPT_IN run only when named: `net` needs root and takes ~15 minutes (`make bench-net`), and
-`scaling` reads net's results.
+Those in OPT_IN run only when named: `net` needs root and takes ~15 minutes (`make bench-net`),
+`scaling` reads net's results, and `fidelity` turns the CPU study's comparison into records.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ BENCHMARKS: dict[str, str] = {
     "finetune": "bench.finetune",
     "net": "bench.net",
     "scaling": "bench.scaling",
+    "fidelity": "bench.fidelity",
 }
-OPT_IN = {"net", "scaling"}
+OPT_IN = {"net", "scaling", "fidelity"}
 
 
 def main(argv: list[str]) -> None:

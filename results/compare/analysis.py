@@ -7,8 +7,13 @@ Definitions (also stated in the report):
 - train time: sum over records of step_seconds x the steps since the previous record (logged steps
   stand for the steps between them; start-up, checkpoints and evaluation are not counted);
 - volume reduction vs LAMB: bytes_lamb_cumulative / bytes_cumulative of the last record;
-- a group: runs that differ only by seed (same optimizer, batch recipe, global batch and model);
-  its values are mean ± sample std over its runs;
+- a group: runs that differ only by seed (same arm — optimizer, 1-bit exchange variant and number of
+  data-parallel workers, simulated or not — batch recipe, global batch and model); its values are
+  mean ± sample std over its runs;
+- a group's reference: the reference optimizer's group (default settings, no variant) with the same
+  batch recipe, global batch and model, with the same number of workers if there is one, else any
+  (LAMB's arithmetic does not depend on the number of workers: the same global batch gives the same
+  averaged gradient);
 - fine-tune scores at a run's last fine-tuned checkpoint; a group's downstream std pools every
   (pretraining seed, fine-tune seed) score; the gap is within noise when |gap| <= the pooled std
   of the two groups, sqrt((s_a^2 + s_b^2) / 2).
@@ -52,7 +57,22 @@ def last_phase_records(run: Run) -> list[dict[str, float]]:
     return [r for r in run.records if r.get("phase") == last] if last is not None else run.records
 
 
+def diverged(run: Run) -> bool:
+    """The run ended with a non-finite MLM loss (every later step skipped, spec §5.3), or above the loss
+    it started from (a blown-up run can stay finite: 1e8 is no final loss either)."""
+    losses = [r["mlm_loss"] for r in run.records if "mlm_loss" in r]
+    if not losses:
+        return False
+    if not math.isfinite(losses[-1]):
+        return True
+    return math.isfinite(losses[0]) and losses[-1] > losses[0]
+
+
 def final_value(run: Run, key: str, window: int) -> float | None:
+    """Mean of the last `window` records' values; None for a diverged run (its last finite values would
+    pass for a final loss)."""
+    if diverged(run):
+        return None
     values = [r[key] for r in last_phase_records(run) if key in r and math.isfinite(r[key])]
     return statistics.fmean(values[-window:]) if values else None
 
@@ -170,6 +190,7 @@ def run_summary(run: Run, target: Target, smoothing: float, window: int) -> dict
         "command": run.command,
         "config_note": run.config_note,
         "steps": int(last["step"]),
+        "diverged": diverged(run),
         "samples_seen": samples,
         "samples_to_target": samples_to_target(run, target.value, smoothing),
         "final_mlm_loss": final_value(run, "mlm_loss", window),
@@ -196,7 +217,7 @@ def run_summary(run: Run, target: Target, smoothing: float, window: int) -> dict
 
 
 def group_label(run: Run) -> str:
-    return f"{run.optimizer} b{run.global_batch}" + (f" {run.model}" if run.model else "")
+    return f"{run.arm} b{run.global_batch}" + (f" {run.model}" if run.model else "")
 
 
 def group_runs(runs: list[Run]) -> dict[tuple[str, str, int, str], list[Run]]:
@@ -213,15 +234,26 @@ def group_summary(members: list[Run], per_run: dict[str, dict[str, Any]]) -> dic
     notes = []
     if len(set(seeds)) < len(seeds) and None not in seeds:
         notes.append(f"runs share a seed ({seeds}): not independent replicates")
+    failed = [r.name for r in members if diverged(r)]
+    if failed:
+        notes.append(
+            f"{len(failed)} of {len(members)} runs diverged (non-finite loss at the end: "
+            f"{', '.join(failed)}); the final-loss means are over the others"
+        )
     reached = [row["samples_to_target"] for row in rows if row["samples_to_target"] is not None]
     summary: dict[str, Any] = {
         "label": group_label(first),
         "optimizer": first.optimizer,
+        "arm": first.arm,
+        "variant": first.variant,
+        "workers": first.workers,
+        "simulated": first.simulated,
         "batch": first.batch_name,
         "global_batch": first.global_batch,
         "model": first.model,
         "runs": [r.name for r in members],
         "seeds": seeds,
+        "diverged": sum(diverged(r) for r in members),
         "notes": notes,
         "samples_seen": sorted({row["samples_seen"] for row in rows}),
         "samples_to_target": {**mean_std(reached), "reached": len(reached), "of": len(rows)},
@@ -289,6 +321,8 @@ def gap_summary(group: dict[str, Any], reference: dict[str, Any]) -> dict[str, A
         "equal_samples": equal,
         "final_mlm_loss_gap_pct": gap_pct,
         "within_1pct": abs(gap_pct) <= FINAL_LOSS_TARGET_PCT if gap_pct is not None else None,
+        "diverged": group["diverged"],
+        "runs": len(group["runs"]),
         "finetune": downstream,
     }
 
@@ -309,12 +343,22 @@ def summarize(
     per_run = {run.name: run_summary(run, target, smoothing, final_window) for run in runs}
     groups = {key: group_summary(members, per_run) for key, members in group_runs(runs).items()}
     gaps = []
-    for (optimizer, batch, global_batch, model), group in groups.items():
-        if optimizer == reference_optimizer:
+
+    def is_reference(group: dict[str, Any]) -> bool:  # the reference optimizer with its default settings
+        return group["optimizer"] == reference_optimizer and not group["variant"]
+
+    for (_, batch, global_batch, model), group in groups.items():
+        if is_reference(group):
             continue
-        reference = groups.get((reference_optimizer, batch, global_batch, model))
-        if reference is not None:
-            gaps.append(gap_summary(group, reference))
+        candidates = [
+            other
+            for (_, other_batch, other_global, other_model), other in groups.items()
+            if is_reference(other)
+            and (other_batch, other_global, other_model) == (batch, global_batch, model)
+        ]
+        same_workers = [other for other in candidates if other["workers"] == group["workers"]]
+        if same_workers or candidates:
+            gaps.append(gap_summary(group, (same_workers or candidates)[0]))
     return {
         "target_loss": {"value": target.value, "how": target.how},
         "reference_optimizer": reference_optimizer,

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from pretrain.diagnostics import BUCKETS, FAMILIES
 from results.compare.analysis import ema, group_label, group_runs, onebit_start_samples, phase_boundaries
 from results.compare.runs import Run
 
@@ -20,8 +21,8 @@ LINESTYLES = ["-", "--", ":", "-."]
 
 
 def _styles(runs: list[Run]) -> dict[tuple, dict[str, Any]]:
-    """One color per optimizer, one line style per global batch."""
-    optimizers = sorted({r.optimizer for r in runs})
+    """One color per arm (optimizer, exchange variant, workers), one line style per global batch."""
+    optimizers = sorted({r.arm for r in runs})
     batches = sorted({r.global_batch for r in runs})
     return {
         key: {
@@ -189,6 +190,74 @@ def bytes_figure(runs: list[Run]) -> Figure | None:
     return figure
 
 
+# `diagnostics=true` runs (pretrain/diagnostics.py): one figure per metric, one panel per family or
+# token-frequency bucket, one line per group; (file, metric prefix, companion prefix drawn dashed, title)
+DIAGNOSTIC_FIGURES = (
+    ("diagnostics_fidelity.png", "diag/fidelity_cos/", None, "1-bit exchange: cosine to the exact average"),
+    (
+        "diagnostics_fidelity_error.png",
+        "diag/fidelity_rel_error/",
+        None,
+        "1-bit exchange: relative error against the exact average",
+    ),
+    (
+        "diagnostics_update_ratio.png",
+        "diag/update_ratio/",
+        "diag/lamb_update_ratio/",
+        "‖Δp‖/‖p‖ per step (dashed: LAMB's trust-ratio rule on the same m, v)",
+    ),
+    (
+        "diagnostics_vocabulary.png",
+        "diag/vocab_update_rms/",
+        None,
+        "word-embedding rows: update norm (RMS) by token count in the data",
+    ),
+    (
+        "diagnostics_output_bias.png",
+        "diag/bias_update_rms/",
+        None,
+        "MLM decoder bias: update (RMS) by token count in the data",
+    ),
+)
+PANEL_ORDER = (*FAMILIES, *(name for name, _, _ in BUCKETS))
+
+
+def diagnostics_figure(
+    runs: list[Run], prefix: str, companion: str | None, title: str, smoothing: float
+) -> Figure | None:
+    panels = {key[len(prefix) :] for run in runs for r in run.records for key in r if key.startswith(prefix)}
+    if not panels:
+        return None
+    ordered = sorted(
+        panels, key=lambda p: (PANEL_ORDER.index(p) if p in PANEL_ORDER else len(PANEL_ORDER), p)
+    )
+    columns = min(4, len(ordered))
+    rows = math.ceil(len(ordered) / columns)
+    figure = Figure(figsize=(4.2 * columns, 3.2 * rows + 0.6), layout="constrained")
+    axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False)).reshape(-1)
+    styles = _styles(runs)
+    for axis, panel in zip(axes, ordered):
+        for group_key, members in group_runs(runs).items():
+            curve = group_curve(members, prefix + panel, smoothing)
+            if curve is None:
+                continue
+            style = styles[group_key]
+            axis.plot(curve[0], curve[1], label=group_label(members[0]), linewidth=1.6, **style)
+            twin = group_curve(members, companion + panel, smoothing) if companion else None
+            if twin is not None:
+                axis.plot(twin[0], twin[1], color=style["color"], linestyle=":", linewidth=1.2, alpha=0.8)
+        axis.set_title(panel, fontsize=10)
+        axis.set_xlabel("samples seen")
+        axis.grid(alpha=0.3)
+        if "ratio" in prefix or "rms" in prefix:
+            axis.set_yscale("log")
+    for axis in axes[len(ordered) :]:
+        axis.set_visible(False)
+    axes[0].legend(fontsize=7)
+    figure.suptitle(f"{title} (EMA {smoothing:g})")
+    return figure
+
+
 def figures(runs: list[Run], summary: dict[str, Any]) -> dict[str, Figure]:
     """{file name: figure} for every plot that has data."""
     out: dict[str, Figure] = {
@@ -202,4 +271,8 @@ def figures(runs: list[Run], summary: dict[str, Any]) -> dict[str, Figure]:
     figure = bytes_figure(runs)
     if figure is not None:
         out["bytes.png"] = figure
+    for name, prefix, companion, title in DIAGNOSTIC_FIGURES:
+        figure = diagnostics_figure(runs, prefix, companion, title, summary["smoothing"])
+        if figure is not None:
+            out[name] = figure
     return out

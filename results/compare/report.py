@@ -152,7 +152,7 @@ def _run_table(summary: dict[str, Any], tasks: list[tuple[str, str, Any]]) -> st
         row = [
             r["name"],
             integer(r["samples_to_target"]) if r["samples_to_target"] is not None else "not reached",
-            number(r["final_mlm_loss"]),
+            "diverged" if r.get("diverged") else number(r["final_mlm_loss"]),
             number(r["final_nsp_loss"]),
         ]
         for task, _, score in tasks:
@@ -218,6 +218,8 @@ def _gaps(summary: dict[str, Any], scores: dict[str, Any]) -> list[str]:
     for gap in summary["gaps"]:
         loss_gap = gap["final_mlm_loss_gap_pct"]
         verdict = "–" if gap["within_1pct"] is None else ("yes" if gap["within_1pct"] else "no")
+        if gap.get("diverged"):
+            verdict = f"no: {gap['diverged']} of {gap['runs']} runs diverged"
         downstream = []
         for task, d in sorted(gap["finetune"].items()):
             within = {None: "one score per side", True: "within noise", False: "outside noise"}[

@@ -61,11 +61,22 @@ class Run:
     config_note: str | None = None  # set when the config was inferred rather than read
     wall_seconds: float | None = None  # W&B's run time, when known
     finetunes: list[FinetuneResult] = field(default_factory=list)
+    variant: str = ""  # the 1-bit exchange when not DeepSpeed's defaults, e.g. "per_row+exact_vectors"
+    workers: int | None = None  # data-parallel workers (processes x simulated workers per process)
+    simulated: bool = False  # some of the workers were simulated (sim_world_size > 1)
+
+    @property
+    def arm(self) -> str:
+        """The optimizer, its exchange variant and the workers, e.g. `onebit_lamb[per_row] n32 sim`."""
+        label = self.optimizer + (f"[{self.variant}]" if self.variant else "")
+        if self.workers is not None:
+            label += f" n{self.workers}" + (" sim" if self.simulated else "")
+        return label
 
     @property
     def group_key(self) -> tuple[str, str, int, str]:
         """Runs that differ only by seed share this key."""
-        return (self.optimizer, self.batch_name, self.global_batch, self.model or "")
+        return (self.arm, self.batch_name, self.global_batch, self.model or "")
 
 
 # -- local run folders -----------------------------------------------------------------------------------
@@ -119,9 +130,43 @@ def load_run_folder(folder: Path) -> Run:
         phases=_phase_shapes(phases),
         command=config.get("command"),
         config_note=note,
+        variant=config.get("variant", ""),
+        workers=config.get("workers"),
+        simulated=bool(config.get("simulated", False)),
     )
     run.finetunes = load_finetune_results(folder)
     return run
+
+
+# 1-bit exchange options that name a variant when they differ from DeepSpeed's algorithm
+_VARIANT_DEFAULTS = {
+    "exact_vectors": False,
+    "sign_scale": "rms",
+    "coeff_bias_correction": False,
+    "trust_ratio": "frozen",
+    "factor_min": 0.5,
+    "factor_max": 4.0,
+    "block_size": 2048,
+    "min_coeff": 0.01,
+    "eps": 1e-8,
+}
+
+
+def _variant(optim: dict[str, Any]) -> str:
+    """e.g. "per_row+exact_vectors+sign_scale=mean_abs"; "" for DeepSpeed's exchange or no 1-bit; LAMB's
+    `deepspeed` variant is "deepspeed" (+ "no_bias_correction")."""
+    if "compression" not in optim:
+        if optim.get("variant") in (None, "nvlamb"):
+            return ""
+        return str(optim["variant"]) + ("" if optim.get("bias_correction", True) else "+no_bias_correction")
+    parts = [] if optim["compression"] == "deepspeed" else [str(optim["compression"])]
+    for key, default in _VARIANT_DEFAULTS.items():
+        value = optim.get(key, default)
+        if value != default:
+            parts.append(key if value is True else f"{key}={value}")
+    if optim["compression"] == "deepspeed" and parts:
+        parts.insert(0, "deepspeed")
+    return "+".join(parts)
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
@@ -185,6 +230,7 @@ def _read_config(folder: Path, records: list[dict[str, float]]) -> tuple[dict[st
         global_batch = raw.get("global_batch") or (phases[0].get("global_batch") if phases else None)
         if not optimizer or not global_batch:
             raise CompareError(f"{path}: no optimizer (optim.name) or global batch (batch.phases[0])")
+        simulated = int(raw.get("sim_world_size") or 1)
         config = {
             "optimizer": optimizer,
             "global_batch": global_batch,
@@ -193,6 +239,9 @@ def _read_config(folder: Path, records: list[dict[str, float]]) -> tuple[dict[st
             "model": _get(raw, "model", "size"),
             "batch": {"phases": phases},
             "command": raw.get("command"),
+            "variant": _variant(raw.get("optim") or {}),
+            "workers": int(raw["world_size"]) * simulated if raw.get("world_size") else None,
+            "simulated": simulated > 1,
         }
         return config, None
     optimizer = _optimizer_from_name(folder.name)

@@ -34,6 +34,9 @@ def write_run(
     *,
     config: bool = True,
     finetunes: dict[str, tuple[int, dict[str, float]]] | None = None,
+    optim: dict | None = None,
+    world_size: int = 2,
+    sim_world_size: int = 1,
 ) -> Path:
     """A run folder: config.yaml as the trainer writes it (the keys the comparison reads), one
     metrics.jsonl record per step, and fine-tune all_results.json files {relative folder: (samples,
@@ -45,12 +48,13 @@ def write_run(
         phase = {"name": "phase1", "global_batch": BATCH, "steps": len(mlm), "freeze_step": FREEZE_STEP}
         payload = {
             "model": {"size": "bert_tiny"},
-            "optim": {"name": optimizer},
+            "optim": {"name": optimizer, **(optim or {})},
             "batch": {"name": "synthetic", "phases": [phase]},
             "seed": seed,
             "optimizer": optimizer,
             "global_batch": BATCH,
-            "world_size": 2,
+            "world_size": world_size,
+            "sim_world_size": sim_world_size,
             "command": f"python -m pretrain optim={optimizer} seed={seed}",
         }
         (folder / "config.yaml").write_text(yaml.safe_dump(payload))
@@ -430,3 +434,44 @@ def test_report_paths_are_relative_to_the_repository(tmp_path):
     assert display_path(str(root / "results" / "runs" / "b32-lamb"), root) == "results/runs/b32-lamb"
     assert display_path(str(tmp_path / "elsewhere"), root) == str(tmp_path / "elsewhere")
     assert display_path("team/bert/abc123", root) == "team/bert/abc123"  # a W&B run path
+
+
+def test_arms_group_by_exchange_variant_and_workers(tmp_path: Path):
+    """1-bit runs that differ in their exchange or in the number of (simulated) workers are separate groups;
+    each is compared with plain LAMB at the same batch (LAMB at any number of workers), never with a LAMB
+    variant, which gets its own gap."""
+    remedy = {"compression": "per_row", "sign_scale": "mean_abs", "trust_ratio": "live"}
+    write_run(tmp_path, "lamb-s1", "lamb", 1, LAMB_1)
+    write_run(
+        tmp_path, "lamb-ds-s1", "lamb", 1, LAMB_2, optim={"variant": "deepspeed", "bias_correction": False}
+    )
+    write_run(tmp_path, "ds-s1", "onebit_lamb", 1, ONEBIT_1, optim={"compression": "deepspeed"})
+    write_run(tmp_path, "remedy-s1", "onebit_lamb", 1, ONEBIT_2, optim=remedy)
+    write_run(tmp_path, "remedy-sim-s1", "onebit_lamb", 1, ONEBIT_1, optim=remedy, sim_world_size=16)
+    runs = {run.name: run for run in load_local_runs(["*"], root=tmp_path)}
+    assert runs["ds-s1"].arm == "onebit_lamb n2"
+    assert runs["remedy-s1"].arm == "onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live] n2"
+    assert runs["remedy-sim-s1"].arm.endswith("] n32 sim")
+    assert runs["lamb-ds-s1"].arm == "lamb[deepspeed+no_bias_correction] n2"
+    summary = summary_of(list(runs.values()))
+    assert len(summary["groups"]) == 5
+    gaps = {gap["group"]: gap for gap in summary["gaps"]}
+    assert len(gaps) == 4 and all(gap["reference"] == "lamb n2 b8 bert_tiny" for gap in gaps.values())
+    sim = gaps["onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live] n32 sim b8 bert_tiny"]
+    assert sim["final_mlm_loss_gap_pct"] == pytest.approx(100 * ((6.6 + 5.9) / 2 - 5.5) / 5.5)
+
+
+def test_a_diverged_run_is_named_and_left_out_of_the_means(tmp_path: Path):
+    write_run(tmp_path, "lamb-s1", "lamb", 1, LAMB_1)
+    write_run(tmp_path, "onebit-s1", "onebit_lamb", 1, ONEBIT_1)
+    write_run(tmp_path, "onebit-s2", "onebit_lamb", 2, [*ONEBIT_2[:4], float("nan"), float("nan")])
+    write_run(tmp_path, "onebit-s3", "onebit_lamb", 3, [*ONEBIT_2[:4], 3e8, 6e8])  # blown up, finite
+    summary = summary_of(load_local_runs(["*"], root=tmp_path))
+    runs = {r["name"]: r for r in summary["runs"]}
+    assert runs["onebit-s2"]["diverged"] and runs["onebit-s2"]["final_mlm_loss"] is None
+    group = next(g for g in summary["groups"] if g["optimizer"] == "onebit_lamb")
+    assert runs["onebit-s3"]["diverged"] and not runs["onebit-s1"]["diverged"]
+    assert group["diverged"] == 2 and group["final_mlm_loss"]["n"] == 1
+    assert any("2 of 3 runs diverged" in note for note in group["notes"])
+    (gap,) = summary["gaps"]
+    assert gap["diverged"] == 2 and gap["runs"] == 3

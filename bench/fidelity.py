@@ -1,0 +1,200 @@
+"""`python -m bench fidelity`: the CPU study's convergence figures as benchmark records.
+
+Reads the study's comparison (`results/cpu-study/summary.json`, written by `make compare` in
+`results/cpu-study/reproduce.sh`) and writes `results/bench/fidelity.json`: per 1-bit arm and number of
+workers, its final MLM loss against LAMB's at the same global batch (the ratio is the figure that
+counts, target ≤ 1.01 for the remedy), LAMB's final masked-LM accuracy, the whole-run volume reduction
+against an fp32 allreduce, and the downstream gaps in units of the pooled seed std. Record names carry
+`deepspeed` for the DeepSpeed-parity arm and `sim` for simulated workers. Nothing is measured here:
+every number comes from the committed runs, so the file is reproducible from them.
+
+It also states each exchange's byte cost for BERT-Large (`bert_large_compression_bytes_<mode>_n<n>`):
+one compression-stage call's bytes per rank from the byte counter's formulas on the real BERT-Large
+layout (parameters in the optimizer's order, segment scales included), against an fp16 ring allreduce
+of the same parameters; the requirement is ≥ 15.5x less (ratio ≤ 1/15.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from bench.records import Record, write_records
+
+STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study" / "summary.json"
+REMEDY_TARGET = "<= 1.01 (3-seed means, 2 real and >= 32 simulated workers)"
+
+
+def _arm_name(group: dict[str, Any]) -> str:
+    variant = group.get("variant") or "deepspeed"
+    if group["optimizer"] != "onebit_lamb":
+        variant = f"{group['optimizer']}_{variant}"
+    workers = f"n{group['workers']}" + ("sim" if group.get("simulated") else "")
+    return f"{variant.replace('+', '_').replace('=', '_')}_{workers}"
+
+
+def _suffix(group: dict[str, Any], batches: set[int]) -> str:
+    return f"_b{group['global_batch']}" if len(batches) > 1 else ""
+
+
+def records_from_summary(summary: dict[str, Any]) -> list[Record]:
+    groups = {group["label"]: group for group in summary["groups"]}
+    batches = {group["global_batch"] for group in summary["groups"]}
+    records: list[Record] = []
+    for group in summary["groups"]:
+        if group["optimizer"] == summary["reference_optimizer"] and not group.get("variant"):
+            accuracy = group["final_mlm_accuracy"]
+            if accuracy["mean"] is not None:
+                records.append(
+                    Record(
+                        name=f"lamb_final_mlm_accuracy_n{group['workers']}{_suffix(group, batches)}",
+                        value=accuracy["mean"],
+                        unit="fraction",
+                        target=">= 0.25",
+                        config=_config(group),
+                    )
+                )
+    for gap in summary["gaps"]:
+        group, reference = groups[gap["group"]], groups[gap["reference"]]
+        name = f"{_arm_name(group)}{_suffix(group, batches)}"
+        loss, peer = group["final_mlm_loss"], reference["final_mlm_loss"]
+        if loss["mean"] is None or peer["mean"] is None:
+            continue
+        remedy = bool(group.get("variant"))
+        records.append(
+            Record(
+                name=f"final_mlm_loss_ratio_{name}",
+                value=loss["mean"],
+                unit="MLM loss (final, mean over seeds)",
+                peer=reference["label"],
+                peer_value=peer["mean"],
+                target=REMEDY_TARGET if remedy else None,
+                config={
+                    **_config(group),
+                    "std": loss["std"],
+                    "diverged_runs": group.get("diverged", 0),
+                    "note": "mean over the runs that did not diverge" if group.get("diverged") else None,
+                    "peer_std": peer["std"],
+                    "peer_seeds": reference["seeds"],
+                },
+            )
+        )
+        volume = group["volume_reduction_vs_lamb"]
+        if volume["mean"] is not None:
+            records.append(
+                Record(
+                    name=f"volume_reduction_vs_fp32_{name}",
+                    value=volume["mean"],
+                    unit="x (whole run, bytes of an fp32 allreduce / bytes sent)",
+                    config=_config(group),
+                )
+            )
+        for task, result in sorted(gap["finetune"].items()):
+            noise = result["pooled_std"]
+            if not noise or not math.isfinite(noise):
+                continue
+            records.append(
+                Record(
+                    name=f"downstream_gap_{task}_{name}",
+                    value=result["gap"] / noise,
+                    unit=f"pooled seed std ({result['metric']}; gap {result['gap']:+.4f})",
+                    target="|gap| <= 1 std" if remedy else None,
+                    config={**_config(group), "n": result["n"], "reference_n": result["reference_n"]},
+                )
+            )
+    return records
+
+
+def _config(group: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "arm": group["arm"],
+        "optimizer": group["optimizer"],
+        "variant": group.get("variant") or "deepspeed (parity)",
+        "workers": group["workers"],
+        "simulated_workers": bool(group.get("simulated")),
+        "global_batch": group["global_batch"],
+        "model": group["model"],
+        "seeds": group["seeds"],
+        "samples": group["samples_seen"],
+        "steps": [samples // group["global_batch"] for samples in group["samples_seen"]],
+        "runs": group["runs"],
+        "source": "results/cpu-study (results/cpu-study/reproduce.sh)",
+    }
+
+
+BYTE_COST_WORLD_SIZES = (8, 64, 256)
+BYTE_COST_MODES = {
+    "deepspeed": dict(compression="deepspeed"),
+    "per_tensor": dict(compression="per_tensor"),
+    "per_row": dict(compression="per_row"),
+    "per_row_exact_vectors": dict(compression="per_row", exact_vectors=True),
+}
+
+
+def byte_cost_records() -> list[Record]:
+    """Bytes of one compression-stage exchange of BERT-Large per mode (module docstring)."""
+    import torch
+    from transformers import BertForPreTraining
+
+    from pretrain.comm import padded_numel
+    from pretrain.comm.counter import compressed_call_traffic
+    from pretrain.comm.layout import ScaleLayout
+    from pretrain.model import ModelConfig, ModelSize, bert_config
+    from pretrain.optim.onebit import Compression, ExchangeOptions
+    from pretrain.optim.params import param_groups
+
+    with torch.device("meta"):  # shapes only; built there so the decoder stays tied to the embedding
+        model = BertForPreTraining(bert_config(ModelConfig(size=ModelSize.bert_large), 30522))
+    records = []
+    for mode, options in BYTE_COST_MODES.items():
+        exchange = ExchangeOptions(Compression(options["compression"]), options.get("exact_vectors", False))
+        groups = param_groups(
+            model, 0.01, max_seq_length=128, row_scales=exchange.compression.value == "per_row"
+        )
+        params = [p for group in groups for p in group["params"]]
+        row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
+        numel = sum(p.numel() for p in params)
+        for world_size in BYTE_COST_WORLD_SIZES:
+            padded = padded_numel(numel, world_size)
+            blocks = exchange.blocks(params, row_scaled, padded - numel)
+            segments = None
+            if blocks is not None:
+                segments = ScaleLayout.from_blocks(blocks, padded, world_size).total_chunk_segments
+            call = compressed_call_traffic(padded, world_size, segments=segments)
+            records.append(
+                Record(
+                    name=f"bert_large_compression_bytes_{mode}_n{world_size}",
+                    value=call.compressed_bytes,
+                    unit="bytes per rank per compression-stage step (counter formulas)",
+                    peer="fp16 ring allreduce of the same parameters",
+                    peer_value=call.fp16_ring_bytes,
+                    target="ratio <= 1/15.5 (>= 15.5x less than fp16)",
+                    config={
+                        "parameters": numel,
+                        "padded": padded,
+                        "scale_segments": segments or world_size,
+                        "scale_bytes": call.scale_bytes,
+                        "sign_bytes": call.sign_bytes,
+                        "times_less_than_fp16": call.fp16_ring_bytes / call.compressed_bytes,
+                        **options,
+                    },
+                )
+            )
+    return records
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench fidelity")
+    parser.add_argument("--summary", type=Path, default=STUDY)
+    args = parser.parse_args(argv)
+    if not args.summary.is_file():
+        raise SystemExit(
+            f"bench fidelity: {args.summary} not found; run results/cpu-study/reproduce.sh first"
+        )
+    records = records_from_summary(json.loads(args.summary.read_text()))
+    if not records:
+        raise SystemExit(f"bench fidelity: {args.summary} has no LAMB or 1-bit groups to compare")
+    write_records("fidelity", records + byte_cost_records())
