@@ -131,6 +131,7 @@ BYTE_COST_MODES = {
     "per_tensor": dict(compression="per_tensor"),
     "per_row": dict(compression="per_row"),
     "per_row_exact_vectors": dict(compression="per_row", exact_vectors=True),
+    "per_row_exact_output_bias": dict(compression="per_row", exact_output_bias=True),
 }
 
 
@@ -152,7 +153,11 @@ def byte_cost_records() -> list[Record]:
     for mode, options in BYTE_COST_MODES.items():
         exchange = ExchangeOptions(Compression(options["compression"]), options.get("exact_vectors", False))
         groups = param_groups(
-            model, 0.01, max_seq_length=128, row_scales=exchange.compression.value == "per_row"
+            model,
+            0.01,
+            max_seq_length=128,
+            row_scales=exchange.compression.value == "per_row",
+            exact_output_bias=bool(options.get("exact_output_bias", False)),
         )
         params = [p for group in groups for p in group["params"]]
         row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}

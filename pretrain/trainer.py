@@ -107,7 +107,11 @@ class Trainer:
         mask_length = self.phases[0].max_seq_length if self._masks_positions() else None
         row_scales = self.onebit and bool(getattr(cfg.optim, "row_scales", False))
         groups = param_groups(
-            self.model, cfg.optim.weight_decay, max_seq_length=mask_length, row_scales=row_scales
+            self.model,
+            cfg.optim.weight_decay,
+            max_seq_length=mask_length,
+            row_scales=row_scales,
+            exact_output_bias=row_scales and bool(getattr(cfg.optim, "exact_output_bias", False)),
         )
         self.optimizer = build_optimizer(
             cfg.optim.name, cfg.optim, groups, virtual_workers=cfg.sim_world_size

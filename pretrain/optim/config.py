@@ -118,6 +118,9 @@ class _OnebitConfig(OptimizerConfig):
     exact_vectors: bool = False
     sign_scale: SignScale = SignScale.rms
     block_size: int = 2048  # compression=per_block: elements per scale in tensors without row scales
+    # per_row / per_block: also the MLM decoder bias with one scale per entry, i.e. exactly (4 B per
+    # vocabulary entry per phase; bench/fidelity.py has the bytes for BERT-Large). results/cpu-study/README.md
+    exact_output_bias: bool = False
     # (1-bit LAMB's config defaults to the remedy instead: OnebitLambConfig)
 
     def __post_init__(self) -> None:

@@ -93,8 +93,8 @@ class ExchangeOptions:
         for p in params:
             if self.exact_vectors and p.dim() <= 1:
                 blocks.append(Block(p.numel(), 1))
-            elif rows and id(p) in row_scaled and p.dim() >= 2:
-                blocks.append(Block(p.numel(), p.shape[-1]))
+            elif rows and id(p) in row_scaled:  # a 1-D row-scaled tensor: rows of one element (exact)
+                blocks.append(Block(p.numel(), p.shape[-1] if p.dim() >= 2 else 1))
             elif self.compression is Compression.per_block and p.numel() > self.block_size:
                 whole = p.numel() // self.block_size * self.block_size
                 blocks.append(Block(whole, self.block_size))

@@ -133,3 +133,24 @@ def test_build_optimizer_rejects_unknown_names_and_wrong_configs(bert):
         build_optimizer("lamb", OnebitLambConfig(), param_groups(bert))
     assert isinstance(build_optimizer("lamb", LambConfig(), param_groups(bert)), Lamb)
     assert isinstance(build_optimizer("onebit_lamb", OnebitLambConfig(), param_groups(bert)), OnebitLamb)
+
+
+def test_exact_output_bias_gets_a_row_scaled_group_of_its_own(bert):
+    groups = param_groups(bert, 0.01, max_seq_length=10, row_scales=True, exact_output_bias=True)
+    names = {id(p): n for n, p in bert.named_parameters()}
+    (bias_group,) = [g for g in groups if [names[id(p)] for p in g["params"]] == ["cls.predictions.bias"]]
+    assert bias_group["row_scales"] and bias_group["weight_decay"] == 0.0
+    assert not any("cls.predictions.bias" in names[id(p)] for p in groups[1]["params"])
+    # without row scales the flag changes nothing: the layout stays DeepSpeed's
+    plain = param_groups(bert, 0.01, max_seq_length=10, exact_output_bias=True)
+    assert len(plain) == 3
+
+
+def test_a_row_scaled_vector_is_averaged_element_by_element():
+    from pretrain.optim.onebit import Compression, ExchangeOptions
+
+    bias, matrix = torch.zeros(6), torch.zeros(3, 4)
+    blocks = ExchangeOptions(Compression.per_row).blocks([matrix, bias], {id(bias), id(matrix)}, pad=2)
+    assert [(b.numel, b.row_length) for b in blocks] == [(12, 4), (6, 1), (2, 2)]
+    blocks = ExchangeOptions(Compression.per_row).blocks([matrix, bias], set(), pad=0)
+    assert [(b.numel, b.row_length) for b in blocks] == [(12, 12), (6, 6)]
