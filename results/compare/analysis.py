@@ -237,7 +237,7 @@ def group_summary(members: list[Run], per_run: dict[str, dict[str, Any]]) -> dic
     failed = [r.name for r in members if diverged(r)]
     if failed:
         notes.append(
-            f"{len(failed)} of {len(members)} runs diverged (non-finite loss at the end: "
+            f"{len(failed)} of {len(members)} runs diverged (a non-finite final loss or one above the first: "
             f"{', '.join(failed)}); the final-loss means are over the others"
         )
     reached = [row["samples_to_target"] for row in rows if row["samples_to_target"] is not None]

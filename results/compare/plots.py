@@ -1,7 +1,9 @@
 """The comparison's figures (matplotlib, Agg; no pyplot state). Each function returns a Figure or None.
 
 Curves of a group (runs that differ only by seed) are its runs' EMA-smoothed curves interpolated on the
-samples they share; the line is their mean, the band their min-max, the faint line the raw mean.
+samples they share; the line is their mean, the band their min-max, the faint line the raw mean. Runs
+that diverged (`analysis.diverged`) stay out of their group's curves, as they stay out of its means; the
+loss figure draws each as a thin dotted line, clipped at the top of the other curves.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from pretrain.diagnostics import BUCKETS, FAMILIES
-from results.compare.analysis import ema, group_label, group_runs, onebit_start_samples, phase_boundaries
+from results.compare.analysis import (
+    diverged,
+    ema,
+    group_label,
+    group_runs,
+    onebit_start_samples,
+    phase_boundaries,
+)
 from results.compare.runs import Run
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
@@ -65,17 +74,27 @@ def _markers(axis, runs: list[Run], styles: dict[tuple, dict[str, Any]]) -> None
         axis.axvline(
             boundary, color="0.5", linestyle=":", linewidth=1, label="phase end" if index == 0 else None
         )
+    starts: dict[float, list[tuple]] = {}
     for key, members in group_runs(runs).items():
-        starts = [s for s in (onebit_start_samples(r) for r in members) if s is not None]
-        if starts:
-            axis.axvline(
-                min(starts),
-                color=styles[key]["color"],
-                linestyle="--",
-                linewidth=1,
-                alpha=0.7,
-                label=f"1-bit stage starts ({group_label(members[0])})",
-            )
+        found = [s for s in (onebit_start_samples(r) for r in members) if s is not None]
+        if found:
+            starts.setdefault(min(found), []).append(key)
+    for start, keys in starts.items():  # one marker per distinct start, in the group's color if it is alone
+        alone = len(keys) == 1
+        axis.axvline(
+            start,
+            color=styles[keys[0]]["color"] if alone else "0.4",
+            linestyle="--",
+            linewidth=1,
+            alpha=0.7,
+            label="1-bit stage starts" + (f" ({group_label(group_runs(runs)[keys[0]][0])})" if alone else ""),
+        )
+
+
+def _split(members: list[Run]) -> tuple[list[Run], list[Run]]:
+    """(runs that did not diverge, runs that did)."""
+    failed = [run for run in members if diverged(run)]
+    return [run for run in members if run not in failed], failed
 
 
 def pretrain_loss_figure(runs: list[Run], smoothing: float, target: float | None) -> Figure:
@@ -83,25 +102,48 @@ def pretrain_loss_figure(runs: list[Run], smoothing: float, target: float | None
     axes = figure.subplots(1, 2)
     styles = _styles(runs)
     for axis, key, title in ((axes[0], "mlm_loss", "MLM loss"), (axes[1], "nsp_loss", "NSP loss")):
+        top, bottom = -math.inf, math.inf
         for group_key, members in group_runs(runs).items():
-            curve = group_curve(members, key, smoothing)
-            if curve is None:
-                continue
-            grid, mean, low, high, raw = curve
+            kept, failed = _split(members)
             style = styles[group_key]
-            label = f"{group_label(members[0])} ({len(members)} seed{'s' if len(members) > 1 else ''})"
-            axis.plot(grid, raw, color=style["color"], linestyle=style["linestyle"], alpha=0.25, linewidth=1)
-            axis.plot(grid, mean, label=label, linewidth=2, **style)
-            if len(members) > 1:
-                axis.fill_between(grid, low, high, color=style["color"], alpha=0.15, linewidth=0)
+            seeds = f"{len(members)} seed{'s' if len(members) > 1 else ''}"
+            label = f"{group_label(members[0])} ({seeds}" + (
+                f"; {len(failed)} diverged, dotted)" if failed else ")"
+            )
+            curve = group_curve(kept, key, smoothing) if kept else None
+            if curve is not None:
+                grid, mean, low, high, raw = curve
+                axis.plot(
+                    grid, raw, color=style["color"], linestyle=style["linestyle"], alpha=0.25, linewidth=1
+                )
+                axis.plot(grid, mean, label=label, linewidth=2, **style)
+                top, bottom = max(top, float(np.max(high))), min(bottom, float(np.min(low)))
+                if len(kept) > 1:
+                    axis.fill_between(grid, low, high, color=style["color"], alpha=0.15, linewidth=0)
+            for index, run in enumerate(failed):
+                lone = group_curve([run], key, smoothing)
+                if lone is not None:
+                    axis.plot(
+                        lone[0],
+                        lone[1],
+                        color=style["color"],
+                        linestyle=":",
+                        linewidth=1,
+                        label=label if curve is None and index == 0 else None,
+                    )
         _markers(axis, runs, styles)
         if key == "mlm_loss" and target is not None:
             axis.axhline(target, color="k", linewidth=0.8, alpha=0.6, label=f"target {target:.3f}")
+        if math.isfinite(top):  # diverged runs leave the axis instead of flattening the rest
+            if key == "mlm_loss" and target is not None:
+                bottom = min(bottom, target)
+            margin = 0.03 * (top - bottom)
+            axis.set_ylim(bottom - margin, top + margin)
         axis.set_xlabel("samples seen (sequences)")
         axis.set_ylabel(f"{title} (EMA {smoothing:g}; faint: raw)")
         axis.set_title(title)
         axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=1, fontsize=8)
     return figure
 
 
@@ -238,12 +280,13 @@ def diagnostics_figure(
     styles = _styles(runs)
     for axis, panel in zip(axes, ordered):
         for group_key, members in group_runs(runs).items():
-            curve = group_curve(members, prefix + panel, smoothing)
+            kept, _ = _split(members)
+            curve = group_curve(kept, prefix + panel, smoothing) if kept else None
             if curve is None:
                 continue
             style = styles[group_key]
             axis.plot(curve[0], curve[1], label=group_label(members[0]), linewidth=1.6, **style)
-            twin = group_curve(members, companion + panel, smoothing) if companion else None
+            twin = group_curve(kept, companion + panel, smoothing) if companion else None
             if twin is not None:
                 axis.plot(twin[0], twin[1], color=style["color"], linestyle=":", linewidth=1.2, alpha=0.8)
         axis.set_title(panel, fontsize=10)
@@ -253,8 +296,9 @@ def diagnostics_figure(
             axis.set_yscale("log")
     for axis in axes[len(ordered) :]:
         axis.set_visible(False)
-    axes[0].legend(fontsize=7)
-    figure.suptitle(f"{title} (EMA {smoothing:g})")
+    handles = {label: handle for axis in axes for handle, label in zip(*axis.get_legend_handles_labels())}
+    figure.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=2, fontsize=8)
+    figure.suptitle(f"{title} (EMA {smoothing:g}; runs that diverged left out)")
     return figure
 
 

@@ -475,3 +475,17 @@ def test_a_diverged_run_is_named_and_left_out_of_the_means(tmp_path: Path):
     assert any("2 of 3 runs diverged" in note for note in group["notes"])
     (gap,) = summary["gaps"]
     assert gap["diverged"] == 2 and gap["runs"] == 3
+
+
+def test_the_loss_figure_keeps_its_scale_when_a_run_diverges(tmp_path: Path):
+    from results.compare.plots import pretrain_loss_figure
+
+    write_run(tmp_path, "lamb-s1", "lamb", 1, LAMB_1)
+    write_run(tmp_path, "onebit-s1", "onebit_lamb", 1, ONEBIT_1)
+    write_run(tmp_path, "onebit-s2", "onebit_lamb", 2, [*ONEBIT_2[:4], 3e8, 6e8])
+    figure = pretrain_loss_figure(load_local_runs(["*"], root=tmp_path), smoothing=0.0, target=None)
+    mlm = figure.axes[0]
+    low, high = mlm.get_ylim()
+    assert 4.0 < low and high < 11.0  # the 1-bit group's curve is seed 1's alone; seed 2 is clipped away
+    labels = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert any("2 seeds; 1 diverged, dotted" in label for label in labels)
