@@ -141,6 +141,7 @@ def load_run_folder(folder: Path) -> Run:
 # 1-bit exchange options that name a variant when they differ from DeepSpeed's algorithm
 _VARIANT_DEFAULTS = {
     "exact_vectors": False,
+    "exact_output_bias": False,
     "sign_scale": "rms",
     "coeff_bias_correction": False,
     "trust_ratio": "frozen",
