@@ -1,83 +1,170 @@
 #!/usr/bin/env bash
-# Reproduces results/cpu-study/: BERT-mini pretrained on the whole shared sample (phase 1, seq 128) on 2 CPU
-# processes with LAMB and 1-bit LAMB at global batch 32 and 128, seeds 1-3; each final checkpoint fine-tuned on
-# MRPC, RTE, SST-2 and SQuAD v1.1 (dev split, see FT_* below); then `make compare`. Runs go to
-# results/runs/cpu-study-*; a run whose summary.json (or fine-tune all_results.json) exists is skipped, so the
-# script can be re-run after an interruption. 56 min on 2 otherwise idle cores (2026-11-22), + 4 min ablation.
-#   results/cpu-study/reproduce.sh            # everything
-#   SEEDS="1" BATCHES="cpu_study_b128" results/cpu-study/reproduce.sh   # a subset
+# Reproduces results/cpu-study/: LAMB against 1-bit LAMB as DeepSpeed has it (`deepspeed`, parity) and with the
+# remedy (`remedy`: per-row scales, the least-squares sign scale, a live trust ratio; results/cpu-study/README.md),
+# on the shared sample with an 8K vocabulary cut from BERT's
+# (conf/data/sample_8k.yaml), phase 1 (seq 128), at 2 real processes and at 8 and 32 simulated workers
+# (`sim_world_size`, 2 processes x 4 or 16), plus ablations, a batch-32 arm, a 4-process arm and fine-tunes
+# (SST-2 on its full training set at length 64, MRPC's full training set for 3 epochs) of every main-comparison
+# checkpoint and of a randomly initialised model (the floor). Every pretraining run logs the diagnostics
+# (`diagnostics=true`). Then `make compare` and `python -m bench fidelity` (results/bench/fidelity.json).
+#
+# Runs go to results/runs/cpu-study-*; a run whose summary.json (fine-tune: all_results.json) exists is skipped,
+# so the script picks up where an interrupted one stopped. Stages (STAGES, in this order):
+#   main      seeds x {lamb n2, deepspeed n2, remedy n2, deepspeed sim32, remedy sim32}
+#   decomposition  seeds x remedy_clamped (the live coefficient floored at min_coeff, as in the warmup) at n2
+#             and sim32; on 1 process (n1: no compression, the frozen state alone) remedy and deepspeed; LAMB as
+#             1-bit LAMB's warmup computes it (`lamb_deepspeed`: DeepSpeed's variant, no bias correction, no
+#             clipping, coefficients clamped to [0.01, 10]) at n2
+#   output_bias  seeds x the remedy with the MLM decoder bias averaged exactly (`remedy_bias`) at n2 and sim32
+#   finetune  every main-stage checkpoint that did not diverge + the random-init floor (3 seeds) on SST-2, MRPC
+#   scale     seed 1: remedy and deepspeed at sim8 and at 4 real processes (n4), remedy at sim64
+#   pieces    seed 1 at n2 and sim32, one piece of the remedy changed at a time: per_row alone (DeepSpeed's
+#             sign scale and frozen coefficient), per_row + live, per_row + mean_abs, per_tensor + mean_abs + live,
+#             deepspeed + live, remedy + exact_vectors (PIECES="<arms>" runs a subset)
+#   batch32   seed 1 at batch 32 (4x the steps): lamb, deepspeed, remedy at n2
+#   report    keep the runs' small files in results/cpu-study/runs/, compare, records
+#   results/cpu-study/reproduce.sh                                  # everything
+#   STAGES="main report" SEEDS="1" results/cpu-study/reproduce.sh   # a subset
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-"1 2 3"}
-BATCHES=${BATCHES:-"cpu_study_b128 cpu_study_b32"}
-OPTIMIZERS=${OPTIMIZERS:-"lamb onebit_lamb"}
-TASKS=${TASKS:-"mrpc rte sst2 squad"}
+STAGES=${STAGES:-"main decomposition output_bias finetune scale pieces batch32 report"}
+MODEL=${MODEL:-bert_tiny}
+DATA=${DATA:-sample_8k}
 PY=.venv/bin/python
 export OMP_NUM_THREADS=1 WANDB_MODE=disabled
 
-make --no-print-directory setup data/prepared/sample/seq128/manifest.json
+make --no-print-directory setup
+if [[ ! -f data/prepared/vocab/sample-8192.txt ]]; then
+  make --no-print-directory data/prepared/sample/seq128/manifest.json
+  $PY -m data.vocab_subset data/prepared/sample/seq128 8192 data/prepared/vocab/sample-8192.txt
+fi
+make --no-print-directory "data/prepared/$DATA/seq128/manifest.json"
 
-# Fine-tuning at CPU scale: BERT-mini takes a higher LR than BERT-Base's 2e-5; one epoch on capped train sets so
-# that the 12 checkpoints x 4 tasks fit in about 30 minutes. SQuAD trains on the first half of dev's articles and
-# evaluates on (a cap of) the rest. Dev sets are complete for MRPC, RTE and SST-2.
-finetune_args() {
-  case $1 in
-    mrpc)  echo "task.max_train_examples=1000" ;;
-    rte)   echo "task.max_train_examples=800" ;;
-    sst2)  echo "task.max_train_examples=1000 task.max_length=64" ;;
-    squad) echo "task.max_train_examples=400 task.max_eval_examples=300 task.max_length=192 task.doc_stride=64" ;;
+declare -A ARM=(
+  [lamb]="optim=lamb"
+  [deepspeed]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen"
+  [remedy]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live"
+  [remedy_clamped]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped"
+  [per_row]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen"
+  [per_row_live]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live"
+  [per_row_mean_abs]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen"
+  [per_tensor_remedy]="optim=onebit_lamb optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live"
+  [deepspeed_live]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live"
+  [lamb_deepspeed]="optim=lamb optim.variant=deepspeed optim.bias_correction=false optim.max_coeff=10.0"
+  [remedy_bias]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true"
+  [remedy_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true"
+)
+
+# pretrain <arm> <workers: n1 | n2 | n4 | sim8 | sim32> <seed> <batch recipe>
+pretrain() {
+  local arm=$1 workers=$2 seed=$3 batch=$4
+  local global=${batch##*_b}
+  local run="cpu-study-b$global-$arm-$workers-s$seed"
+  [[ -f results/runs/$run/summary.json ]] && return 0
+  local processes=2 per_process=1
+  case $workers in
+    n*) processes=${workers#n} ;;
+    sim*) per_process=$(( ${workers#sim} / 2 )) ;;
   esac
+  local share=$(( global / (processes * per_process) ))
+  local micro=$(( share < 32 ? share : 32 ))
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) launch/torchrun.sh --nproc "$processes" -- batch="$batch" ${ARM[$arm]} model="$MODEL" \
+    data_dir="data/prepared/$DATA" seed="$seed" run_name="$run" sim_world_size="$per_process" \
+    batch.phases.0.micro_batch="$micro" diagnostics=true log_every=5 checkpoint.every_steps=0 \
+    wandb.mode=disabled show_progress=false
 }
 
-# 1. pretraining, all runs first (seed-major order, so a partial study is balanced)
-for seed in $SEEDS; do
-  for batch in $BATCHES; do
-    for optim in $OPTIMIZERS; do
-      run=cpu-study-${batch#cpu_study_}-$optim-s$seed
-      [[ -f results/runs/$run/summary.json ]] && continue
-      launch/torchrun.sh --nproc 2 -- batch="$batch" optim="$optim" model=bert_mini \
-        data_dir=data/prepared/sample seed="$seed" run_name="$run" log_every=2 \
-        checkpoint.every_steps=0 wandb.mode=disabled show_progress=false
+finetune() {  # finetune <run folder> <task> <seed>
+  local out=$1/finetune/final/$2
+  [[ -f $out/all_results.json ]] && return 0
+  local args=("task.lr=1e-4" "seeds=[$3]")
+  case $2 in
+    sst2) args+=("task.epochs=1" "task.max_length=64") ;;
+    mrpc) args+=("task.epochs=3") ;;
+  esac
+  OMP_NUM_THREADS=2 $PY -m finetune task="$2" model_path="$1" output_dir="$out" "${args[@]}" \
+    wandb.mode=disabled show_progress=false
+}
+
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+diverged() {  # diverged <run folder>: non-finite or ending above its first loss (results/compare/analysis.py)
+  $PY -c 'import sys; from pathlib import Path; from results.compare.analysis import diverged
+from results.compare.runs import load_run_folder
+sys.exit(0 if diverged(load_run_folder(Path(sys.argv[1]))) else 1)' "$1"
+}
+
+if stage main; then
+  for seed in $SEEDS; do
+    pretrain lamb n2 "$seed" cpu_study_b128
+    for arm in deepspeed remedy; do
+      for workers in n2 sim32; do pretrain "$arm" "$workers" "$seed" cpu_study_b128; done
     done
   done
-done
-
-# 2. fine-tuning each final checkpoint (fine-tune seed = pretraining seed)
-for seed in $SEEDS; do
-  for batch in $BATCHES; do
-    for optim in $OPTIMIZERS; do
-      run=cpu-study-${batch#cpu_study_}-$optim-s$seed
-      for task in $TASKS; do
-        out=results/runs/$run/finetune/final/$task
-        [[ -f $out/all_results.json ]] && continue
-        # shellcheck disable=SC2046
-        OMP_NUM_THREADS=2 $PY -m finetune task="$task" model_path="results/runs/$run" output_dir="$out" \
-          seeds="[$seed]" task.lr=1e-4 task.epochs=1 wandb.mode=disabled show_progress=false \
-          $(finetune_args "$task")
-      done
-    done
-  done
-done
-
-# 3. keep the small files (metrics, summaries, fine-tune results) next to the report, and compare from them
-for run_dir in results/runs/cpu-study-*; do
-  keep=results/cpu-study/runs/$(basename "$run_dir")
-  mkdir -p "$keep"
-  cp "$run_dir"/metrics.jsonl "$run_dir"/summary.json "$keep"/
-  [[ -f $run_dir/config.yaml ]] && cp "$run_dir"/config.yaml "$keep"/
-  (cd "$run_dir" && find finetune -name all_results.json -exec cp --parents {} "../../../$keep/" \;) || true
-done
-$PY -m results.compare study=cpu-study 'runs=[results/cpu-study/runs/cpu-study-*]'
-
-# 4. ablation (README.md here): 1-bit LAMB at b128 on ONE process, where the compressed allreduce is the identity
-#    (spec §2: n = 1 sends nothing and keeps no error), so only the frozen variance and coefficients differ from LAMB
-if [[ ${ABLATION:-1} == 1 && ! -f results/runs/ablation-b128-onebit_lamb-n1-s1/summary.json ]]; then
-  OMP_NUM_THREADS=2 $PY -m pretrain batch=cpu_study_b128 optim=onebit_lamb model=bert_mini \
-    data_dir=data/prepared/sample seed=1 run_name=ablation-b128-onebit_lamb-n1-s1 log_every=2 \
-    checkpoint.every_steps=0 wandb.mode=disabled show_progress=false
 fi
-if [[ -f results/runs/ablation-b128-onebit_lamb-n1-s1/summary.json ]]; then
-  mkdir -p results/cpu-study/ablation/b128-onebit_lamb-n1-s1
-  cp results/runs/ablation-b128-onebit_lamb-n1-s1/{metrics.jsonl,summary.json,config.yaml} \
-    results/cpu-study/ablation/b128-onebit_lamb-n1-s1/
+if stage decomposition; then
+  for seed in $SEEDS; do  # the remedy with the warmup's floor on the live coefficient, across seeds
+    for workers in n2 sim32; do pretrain remedy_clamped "$workers" "$seed" cpu_study_b128; done
+  done
+  for arm in remedy deepspeed; do pretrain "$arm" n1 1 cpu_study_b128; done
+  pretrain lamb_deepspeed n2 1 cpu_study_b128
+fi
+if stage output_bias; then  # the remedy + the decoder bias averaged exactly, across seeds
+  for seed in $SEEDS; do
+    for workers in n2 sim32; do pretrain remedy_bias "$workers" "$seed" cpu_study_b128; done
+  done
+fi
+if stage finetune; then
+  random=results/runs/cpu-study-random-init
+  if [[ ! -d $random/checkpoints ]]; then  # the floor: the same model, initialised, no step taken
+    $PY -m pretrain batch=cpu_study_b128 optim=lamb model="$MODEL" data_dir="data/prepared/$DATA" seed=1 \
+      run_name=cpu-study-random-init max_steps=0 wandb.mode=disabled show_progress=false
+  fi
+  for task in sst2 mrpc; do
+    for seed in 1 2 3; do  # one folder per seed: all_results.json marks each as done
+      out=$random/finetune/final/$task-s$seed
+      [[ -f $out/all_results.json ]] || OMP_NUM_THREADS=2 $PY -m finetune task="$task" model_path="$random" \
+        output_dir="$out" task.lr=1e-4 "seeds=[$seed]" wandb.mode=disabled show_progress=false \
+        $([[ $task == sst2 ]] && echo "task.epochs=1 task.max_length=64")
+    done
+  done
+  for seed in $SEEDS; do
+    for run in results/runs/cpu-study-b128-{lamb-n2,deepspeed-n2,remedy-n2,deepspeed-sim32,remedy-sim32}-s"$seed"; do
+      [[ -f $run/summary.json ]] || continue
+      diverged "$run" && continue  # nothing to fine-tune; the report names it
+      for task in sst2 mrpc; do finetune "$run" "$task" "$seed"; done
+    done
+  done
+fi
+if stage scale; then
+  for arm in remedy deepspeed; do
+    for workers in sim8 n4; do pretrain "$arm" "$workers" 1 cpu_study_b128; done
+  done
+  pretrain remedy sim64 1 cpu_study_b128
+fi
+if stage pieces; then
+  for workers in n2 sim32; do
+    for arm in ${PIECES:-remedy_exact per_row_live per_row_mean_abs per_tensor_remedy deepspeed_live per_row}; do
+      pretrain "$arm" "$workers" 1 cpu_study_b128
+    done
+  done
+fi
+if stage batch32; then
+  for arm in lamb deepspeed remedy; do pretrain "$arm" n2 1 cpu_study_b32; done
+fi
+if stage report; then
+  # the small files (metrics, summaries, configs, fine-tune results) next to the report; compare from them
+  rm -rf results/cpu-study/runs
+  for run_dir in results/runs/cpu-study-*; do
+    keep=results/cpu-study/runs/$(basename "$run_dir")
+    mkdir -p "$keep"
+    for file in metrics.jsonl summary.json config.yaml; do
+      [[ -f $run_dir/$file ]] && cp "$run_dir/$file" "$keep/"
+    done
+    (cd "$run_dir" && find finetune -name all_results.json -exec cp --parents {} "../../../$keep/" \;) || true
+  done
+  $PY -m results.compare study=cpu-study 'runs=[results/cpu-study/runs/cpu-study-b*]' final_window=10
+  $PY -m bench fidelity
 fi
