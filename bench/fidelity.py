@@ -6,7 +6,8 @@ workers, its final MLM loss against LAMB's at the same global batch (the ratio i
 counts, target ≤ 1.01 for the remedy), LAMB's final masked-LM accuracy, the whole-run volume reduction
 against an fp32 allreduce, and the downstream gaps in units of the pooled seed std. Record names carry
 `deepspeed` for the DeepSpeed-parity arm and `sim` for simulated workers. Nothing is measured here:
-every number comes from the committed runs, so the file is reproducible from them.
+every number comes from the committed runs, so the file is reproducible from them. The study's long arm
+(`results/cpu-study-long/summary.json`, 3,000 steps), when present, adds the same records ending in `_long`.
 
 It also states each exchange's byte cost for BERT-Large (`bert_large_compression_bytes_<mode>_n<n>`):
 one compression-stage call's bytes per rank from the byte counter's formulas on the real BERT-Large
@@ -25,6 +26,8 @@ from typing import Any
 from bench.records import Record, write_records
 
 STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study" / "summary.json"
+# the study's long arm (7.5x the steps; reproduce.sh stage `long`), reported apart: records end in `_long`
+LONG_STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study-long" / "summary.json"
 REMEDY_TARGET = "<= 1.01 (3-seed means, 2 real and >= 32 simulated workers)"
 
 
@@ -40,7 +43,8 @@ def _suffix(group: dict[str, Any], batches: set[int]) -> str:
     return f"_b{group['global_batch']}" if len(batches) > 1 else ""
 
 
-def records_from_summary(summary: dict[str, Any]) -> list[Record]:
+def records_from_summary(summary: dict[str, Any], tail: str = "") -> list[Record]:
+    """Records of one comparison; `tail` ends every name (e.g. "_long" for the long arm)."""
     groups = {group["label"]: group for group in summary["groups"]}
     batches = {group["global_batch"] for group in summary["groups"]}
     records: list[Record] = []
@@ -50,7 +54,7 @@ def records_from_summary(summary: dict[str, Any]) -> list[Record]:
             if accuracy["mean"] is not None:
                 records.append(
                     Record(
-                        name=f"lamb_final_mlm_accuracy_n{group['workers']}{_suffix(group, batches)}",
+                        name=f"lamb_final_mlm_accuracy_n{group['workers']}{_suffix(group, batches)}{tail}",
                         value=accuracy["mean"],
                         unit="fraction",
                         target=">= 0.25",
@@ -59,7 +63,7 @@ def records_from_summary(summary: dict[str, Any]) -> list[Record]:
                 )
     for gap in summary["gaps"]:
         group, reference = groups[gap["group"]], groups[gap["reference"]]
-        name = f"{_arm_name(group)}{_suffix(group, batches)}"
+        name = f"{_arm_name(group)}{_suffix(group, batches)}{tail}"
         loss, peer = group["final_mlm_loss"], reference["final_mlm_loss"]
         if loss["mean"] is None or peer["mean"] is None:
             continue
@@ -194,6 +198,7 @@ def byte_cost_records() -> list[Record]:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench fidelity")
     parser.add_argument("--summary", type=Path, default=STUDY)
+    parser.add_argument("--long-summary", type=Path, default=LONG_STUDY, help="read when it exists")
     args = parser.parse_args(argv)
     if not args.summary.is_file():
         raise SystemExit(
@@ -202,4 +207,6 @@ def main(argv: list[str]) -> None:
     records = records_from_summary(json.loads(args.summary.read_text()))
     if not records:
         raise SystemExit(f"bench fidelity: {args.summary} has no LAMB or 1-bit groups to compare")
+    if args.long_summary.is_file():
+        records += records_from_summary(json.loads(args.long_summary.read_text()), tail="_long")
     write_records("fidelity", records + byte_cost_records())

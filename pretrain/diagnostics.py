@@ -8,7 +8,10 @@ transform, its LayerNorm and the decoder bias), pooler + NSP head. Per family F,
 - `diag/fidelity_cos/F`, `diag/fidelity_rel_error/F` (1-bit optimizers, compression stage): cosine and
   ‖m̂ − m‖/‖m‖ of the compressed-averaged momentum m̂ against the exact average m of the workers' local
   momenta, both without κ. The exact average costs one extra fp32 allreduce of the momentum at log
-  steps, which the byte counters never see.
+  steps, which the byte counters never see. `diag/step_fidelity_cos/F`, `diag/step_fidelity_rel_error/F`:
+  the same in the units of the step, m/(√v + ε) with the optimizer's (frozen) v — what the update
+  applies; a large momentum with a large variance moves a weight no more than a small one with a small
+  variance, so the momentum-unit figures can mislead (`optim.precondition` lowers them and raises these).
 - `diag/update_ratio/F`: ‖Δp‖/‖p‖ of this step; `diag/lamb_update_ratio/F`: the same for LAMB's
   layer-wise trust-ratio rule applied to this step's momentum and variance (as stored, without bias
   correction) and the weights the step started from: Δ = η·r·u with u = m/(√v + ε) + λp and
@@ -90,6 +93,19 @@ def _bucket_of(counts: Tensor) -> Tensor:
     return buckets
 
 
+def _fidelity_sums(compressed: Tensor, exact: Tensor) -> Tensor:
+    """⟨m̂, m⟩, ‖m̂‖², ‖m‖², ‖m̂ − m‖² (flat tensors)."""
+    difference = compressed - exact
+    return torch.stack(
+        [
+            torch.dot(compressed, exact),
+            torch.dot(compressed, compressed),
+            torch.dot(exact, exact),
+            torch.dot(difference, difference),
+        ]
+    )
+
+
 class Diagnostics:
     """See the module docstring. `model` is the `BertForPreTraining`; `token_counts` a vocab-sized count
     tensor (None: no vocabulary-row metrics)."""
@@ -115,6 +131,10 @@ class Diagnostics:
         self._before: list[Tensor] = []
         self._exact: Tensor | None = None
         self._fidelity: dict[str, Tensor] = {}
+        self._step_fidelity: dict[str, Tensor] = {}
+        self._eps = {
+            id(p): group.get("eps", 1e-8) for group in optimizer.param_groups for p in group["params"]
+        }
         self._reported_rows = False
         if hasattr(optimizer, "probe"):
             optimizer.probe = self
@@ -122,7 +142,7 @@ class Diagnostics:
     # -- the trainer's side ------------------------------------------------------------------------------
     def begin_step(self, active: bool) -> None:
         self.active = active
-        self._fidelity = {}
+        self._fidelity, self._step_fidelity = {}, {}
         if active:
             self._before = [p.detach().float().clone() for p in self.params]
 
@@ -159,25 +179,25 @@ class Diagnostics:
             offset += p.numel()
             if kappas is not None:
                 exact, compressed = exact / kappas[index], compressed / kappas[index]
-            sums = torch.stack(
-                [
-                    torch.dot(compressed, exact),
-                    torch.dot(compressed, compressed),
-                    torch.dot(exact, exact),
-                    torch.dot(compressed - exact, compressed - exact),
-                ]
-            )
             family = self.family.get(id(p), "pooler_nsp")
+            sums = _fidelity_sums(compressed, exact)
             self._fidelity[family] = self._fidelity.get(family, torch.zeros_like(sums)) + sums
+            variance = self.optimizer.state[p].get("exp_avg_sq")
+            if variance is not None:
+                divisor = variance.reshape(-1).sqrt().add_(self._eps.get(id(p), 1e-8))
+                sums = _fidelity_sums(compressed / divisor, exact / divisor)
+                self._step_fidelity[family] = self._step_fidelity.get(family, torch.zeros_like(sums)) + sums
         self._exact = None
 
     # -- metrics ----------------------------------------------------------------------------------------
     def _fidelity_metrics(self) -> dict[str, float]:
         metrics = {}
-        for family, (dot, compressed, exact, error) in self._fidelity.items():
-            denominator = (compressed * exact).sqrt()
-            metrics[f"diag/fidelity_cos/{family}"] = float(dot / denominator) if denominator > 0 else 1.0
-            metrics[f"diag/fidelity_rel_error/{family}"] = float((error / exact).sqrt()) if exact > 0 else 0.0
+        for prefix, sums in (("fidelity", self._fidelity), ("step_fidelity", self._step_fidelity)):
+            for family, (dot, compressed, exact, error) in sums.items():
+                denominator = (compressed * exact).sqrt()
+                metrics[f"diag/{prefix}_cos/{family}"] = float(dot / denominator) if denominator > 0 else 1.0
+                relative = float((error / exact).sqrt()) if exact > 0 else 0.0
+                metrics[f"diag/{prefix}_rel_error/{family}"] = relative
         return metrics
 
     def _lamb_update_norm(self, p: Tensor, weight: Tensor, group: dict[str, Any]) -> Tensor:

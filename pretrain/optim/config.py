@@ -121,6 +121,12 @@ class _OnebitConfig(OptimizerConfig):
     # per_row / per_block: also the MLM decoder bias with one scale per entry, i.e. exactly (4 B per
     # vocabulary entry per phase; bench/fidelity.py has the bytes for BERT-Large). results/cpu-study/README.md
     exact_output_bias: bool = False
+    # exchange m/(√v+ε) (v frozen: the same divisor on every rank, no bytes) instead of m, so each sign
+    # scale covers elements of like size in the step's own units (pretrain/optim/onebit.py)
+    precondition: bool = False
+    # every worker keeps its own momentum and steps on the compressed average (DeepSpeed replaces the
+    # momentum by the average, so the compression error re-enters it); 1-bit LAMB: a live trust_ratio
+    local_momentum: bool = False
     # (1-bit LAMB's config defaults to the remedy instead: OnebitLambConfig)
 
     def __post_init__(self) -> None:
@@ -138,6 +144,8 @@ class _OnebitConfig(OptimizerConfig):
             "exact_vectors": self.exact_vectors,
             "sign_scale": SignScale(self.sign_scale),
             "block_size": self.block_size,
+            "precondition": self.precondition,
+            "local_momentum": self.local_momentum,
         }
 
     @property
@@ -160,13 +168,19 @@ class OnebitLambConfig(_OnebitConfig):
     # live_clamped (also >= min_coeff) or frozen (DeepSpeed: c̄ x factor); pretrain/optim/onebit_lamb.py
     trust_ratio: TrustRatio = TrustRatio.live
     # The remedy is the default (results/cpu-study/: measured against LAMB and DeepSpeed's algorithm);
-    # DeepSpeed's exactly: compression=deepspeed sign_scale=rms trust_ratio=frozen.
+    # DeepSpeed's exactly: compression=deepspeed sign_scale=rms trust_ratio=frozen precondition=false.
     compression: Compression = Compression.per_row
     sign_scale: SignScale = SignScale.mean_abs
+    precondition: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_name("onebit_lamb")
+        _require(
+            not (self.local_momentum and TrustRatio(self.trust_ratio) is TrustRatio.frozen),
+            "local_momentum",
+            "needs optim.trust_ratio=live or live_clamped (frozen reads DeepSpeed's shared momentum)",
+        )
         _require(
             0 <= self.min_coeff <= self.max_coeff, "min_coeff", "must satisfy 0 <= min_coeff <= max_coeff"
         )

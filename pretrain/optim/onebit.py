@@ -27,6 +27,24 @@ rows that saw no gradient, and one tensor's error cannot inflate another's scale
 there (the quantizer is positively homogeneous per segment). `exact_vectors` sends 1-D tensors with
 one scale per element, i.e. exactly averaged (4 bytes per element and phase, like an fp32 ring).
 
+Preconditioned exchange (`precondition=True`): every worker sends m/(√v+ε) instead of m — v the variance
+frozen at freeze_step, so the divisor is the same on every rank and fixed for the whole compression stage —
+and the average is multiplied back by √v+ε. Averaging commutes with the division, so nothing changes but
+where the compression error falls: one sign scale now covers elements of like size in the units of the
+step itself, u = m/(√v+ε), instead of momenta whose sizes differ by orders of magnitude across a matrix's
+columns or rows (the hidden-state outlier dimensions: results/cpu-study/README.md measured one column
+holding up to 66 % of a matrix's error feedback). It costs no bytes; one divisor buffer per rank (N
+floats) and two elementwise passes per step.
+
+Local momenta (`local_momentum=True`): DeepSpeed replaces every worker's momentum by the compressed
+average, so each step's compression error re-enters the momentum (β1·m̂) and is compressed again. Here
+each worker keeps its own momentum m_w = β1·m_w + (1−β1)·g_w (from the synchronized one at the freeze),
+sends m_w (plus its error feedback) and steps on the average m̂, which the next step does not build on:
+the mean of the m_w is exactly the momentum of the averaged gradients, and the error feedback delivers it
+with an error that stays bounded instead of accumulating through the momentum. No extra bytes; one more
+momentum-sized buffer per worker (checkpointed per rank). 1-bit LAMB's frozen coefficient rule needs
+m̂_t − β1·m̂_{t−1} to be a gradient, so it takes `trust_ratio=live` or `live_clamped`.
+
 Virtual workers (`virtual_workers=k`, simulated data parallelism, `pretrain.simulated`): this process
 stands for k workers. In warmup the caller averages their gradients into `.grad` as usual; in the
 compression stage it writes worker w's own gradient into row w of `worker_gradients()` (views per
@@ -83,6 +101,8 @@ class ExchangeOptions:
     sign_scale: SignScale = SignScale.rms
     virtual_workers: int = 1
     block_size: int = 2048  # per_block only
+    precondition: bool = False  # exchange m/(√v+ε) with v frozen (module docstring), not m
+    local_momentum: bool = False  # workers keep their own momenta; the average only steps (module docstring)
 
     def blocks(self, params: list[Tensor], row_scaled: set[int], pad: int) -> list[Block] | None:
         """The scale blocks of a buffer holding `params` then `pad` zeros; None: DeepSpeed's layout."""
@@ -119,6 +139,9 @@ class MomentumSegment:
     previous: Tensor | None = None  # snapshot of `buffer` (1-bit LAMB), allocated once
     _scaled: Tensor | None = None  # β1·buffer for the virtual workers' local momenta, allocated once
     local: Tensor | None = None  # [k, len(buffer)]: the virtual workers' gradients, then local momenta
+    divisors: list[Tensor] | None = None  # `precondition`: √v+ε per tensor (v frozen), built at first use
+    # `local_momentum`: the workers' own momenta ([len] or [k, len]), from the synchronized one at freeze
+    local_momentum: Tensor | None = None
 
     @classmethod
     def build(
@@ -160,10 +183,20 @@ class MomentumSegment:
         return _views_like(self.previous, self.params)
 
     def reset_exchange_state(self) -> None:
-        """Zero the error-feedback buffers and the pad (a fresh start of compression)."""
+        """Zero the error-feedback buffers and the pad (a fresh start of compression); forget the
+        preconditioner (v is frozen anew)."""
         self.pad.zero_()
+        self.divisors = None
+        self.local_momentum = None
         if self.compressor is not None:
             self.compressor.reset_errors()
+
+    def worker_momenta(self, workers: int) -> Tensor:
+        """`local_momentum`, started from the synchronized momentum in `buffer` (one row per worker)."""
+        if self.local_momentum is None:
+            shape = (workers, self.buffer.numel()) if workers > 1 else (self.buffer.numel(),)
+            self.local_momentum = self.buffer.expand(shape).clone()
+        return self.local_momentum
 
     def views_of(self, flat: Tensor) -> list[Tensor]:
         """Per-parameter views into another buffer laid out like `buffer` (e.g. a snapshot)."""
@@ -374,6 +407,7 @@ class OnebitOptimizer(OptimizerBase):
             "frozen_at": self.frozen_at,
             "momentum_pads": [segment.pad for segment in segments],
             "compressors": [segment.compressor.state_dict() for segment in segments if segment.compressor],
+            "local_momenta": [segment.local_momentum for segment in segments],
         }
 
     def _load_extra_state(self, extra: dict[str, Any]) -> None:
@@ -395,9 +429,20 @@ class OnebitOptimizer(OptimizerBase):
         else:
             for segment, pad in zip(segments, extra.get("momentum_pads", [])):
                 segment.pad.copy_(pad)
+            for segment, momenta in zip(segments, extra.get("local_momenta", [])):
+                segment.local_momentum = (
+                    None if momenta is None else momenta.to(segment.buffer.device).clone()
+                )
             compressors = [segment.compressor for segment in segments if segment.compressor]
             for compressor, saved in zip(compressors, extra.get("compressors", [])):
                 compressor.load_state_dict(saved, reset_on_mismatch=True)
+
+    def momentum_views(self, segment: MomentumSegment) -> list[Tensor]:
+        """Where the caller forms this rank's local momentum before `_exchange` (one worker per process):
+        the segment's views, or with `local_momentum` this worker's own momentum."""
+        if not self.exchange.local_momentum:
+            return segment.views
+        return segment.views_of(segment.worker_momenta(1))
 
     def _on_load_warmup(self) -> None:
         """Loaded at step < freeze_step: drop compression-only state (errors and pad start at zero)."""
@@ -405,12 +450,16 @@ class OnebitOptimizer(OptimizerBase):
     def _exchange(self, segment: MomentumSegment, kappas: list[Tensor] | None, *, beta1: float) -> None:
         """Replace the segment's local momentum by the compressed average over all workers.
 
-        k == 1: `segment.buffer` holds this rank's local momentum (views updated by the caller).
+        k == 1: `segment.buffer` holds this rank's local momentum (views updated by the caller), or with
+        `local_momentum` the caller updated `momentum_views(segment)` and it is copied in here.
         k > 1: row w of `segment.local` holds worker w's own gradient g_w; here it becomes that
         worker's local momentum β1·m + (1−β1)·g_w (m the synchronized momentum in `segment.buffer`,
-        the pad kept from it), with the arithmetic of `functional.local_momentum_`. κ (DeepSpeed's
-        layout only) scales every tensor before the exchange and is divided out after it.
+        the pad kept from it; with `local_momentum` m is worker w's own), with the arithmetic of
+        `functional.local_momentum_`. κ (DeepSpeed's layout only) scales every tensor before the exchange
+        and is divided out after it.
         """
+        if self.exchange.local_momentum and segment.local is None:
+            segment.buffer.copy_(segment.worker_momenta(1))
         compressor = segment.compressor
         if compressor is None:  # one worker: the exchange is the identity, κ·(1/κ) only adds rounding
             return
@@ -421,29 +470,65 @@ class OnebitOptimizer(OptimizerBase):
         else:
             local = segment.local
             numel = segment.buffer.numel() - segment.pad.numel()
-            scaled = segment.snapshot_scaled(beta1)  # β1·m, once for all workers
+            own = segment.worker_momenta(self.virtual_workers) if self.exchange.local_momentum else None
+            scaled = segment.snapshot_scaled(beta1) if own is None else None  # β1·m, once for all workers
             for worker in range(self.virtual_workers):
                 row = local[worker]
-                torch.add(scaled[:numel], row[:numel], alpha=1.0 - beta1, out=row[:numel])
-                row[numel:].copy_(segment.pad)
+                if own is None:
+                    assert scaled is not None
+                    torch.add(scaled[:numel], row[:numel], alpha=1.0 - beta1, out=row[:numel])
+                    row[numel:].copy_(segment.pad)
+                else:
+                    own[worker, :numel].mul_(beta1).add_(row[:numel], alpha=1.0 - beta1)
+                    row.copy_(own[worker])
                 if kappas is not None:
                     torch._foreach_mul_(segment.views_of(row), kappas)
         probe = self.probe if self.probe is not None and self.probe.active else None
         if probe is not None:
             probe.before_exchange(local, self.world_size, self.group)
+        divisors = self._divisors(segment) if self.exchange.precondition else None
+        if divisors is not None:
+            for row in [local] if local.dim() == 1 else list(local):
+                torch._foreach_div_(segment.views_of(row), divisors)
         if segment.local is None:
             compressor(segment.buffer)
         else:
             compressor(segment.local, out=segment.buffer)
+        if divisors is not None:
+            torch._foreach_mul_(segment.views, divisors)
         if probe is not None:
             probe.after_exchange(segment.buffer, segment.params, kappas)
         if kappas is not None:
             torch._foreach_div_(segment.views, kappas)
 
+    def _divisors(self, segment: MomentumSegment) -> list[Tensor]:
+        """√v+ε per tensor of `segment` from the frozen variance (built once per compression stage)."""
+        if segment.divisors is None:
+            eps = {id(p): group["eps"] for group in self.param_groups for p in group["params"]}
+            segment.divisors = [self.state[p]["exp_avg_sq"].sqrt().add_(eps[id(p)]) for p in segment.params]
+        return segment.divisors
+
+    @staticmethod
+    def _error_norm(segment: MomentumSegment) -> Tensor:
+        """‖worker error‖ of `segment`; a preconditioned exchange's (in units of u) times √v+ε first."""
+        assert segment.compressor is not None
+        error = segment.compressor.worker_error
+        if segment.divisors is None or error.numel() == 0:
+            return torch.linalg.vector_norm(error)
+        rows = error.view(-1, segment.buffer.numel())
+        norms = [
+            torch.linalg.vector_norm(
+                torch.stack(torch._foreach_norm(torch._foreach_mul(segment.views_of(row), segment.divisors)))
+            )
+            for row in rows
+        ]
+        pads = rows[:, segment.buffer.numel() - segment.pad.numel() :]
+        return torch.linalg.vector_norm(torch.stack([*norms, torch.linalg.vector_norm(pads)]))
+
     def statistics(self) -> dict[str, float]:
         statistics = {**super().statistics(), "compression_stage": float(self.stage is Stage.compression)}
-        compressors = [s.compressor for s in self._segments or [] if s.compressor is not None]
-        if compressors:  # the error feedback carried to the next step (worker side, this rank)
-            norms = torch.stack([torch.linalg.vector_norm(c.worker_error) for c in compressors])
+        segments = [s for s in self._segments or [] if s.compressor is not None]
+        if segments:  # the error feedback carried to the next step (worker side, this rank; momentum units)
+            norms = torch.stack([self._error_norm(segment) for segment in segments])
             statistics["compression_error_norm"] = float(torch.linalg.vector_norm(norms))
         return statistics

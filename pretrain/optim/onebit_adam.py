@@ -24,7 +24,8 @@ from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 
 class OnebitAdam(OnebitOptimizer):
     """1-bit Adam. Defaults as DeepSpeed (spec §4); `exp_avg_mask`, `group` and the exchange options
-    (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`) as in `OnebitLamb`."""
+    (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`, `block_size`, `precondition`,
+    `local_momentum`) as in `OnebitLamb`."""
 
     def __init__(
         self,
@@ -41,10 +42,18 @@ class OnebitAdam(OnebitOptimizer):
         sign_scale: SignScale | str = SignScale.rms,
         virtual_workers: int = 1,
         block_size: int = 2048,
+        precondition: bool = False,
+        local_momentum: bool = False,
     ) -> None:
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         exchange = ExchangeOptions(
-            Compression(compression), exact_vectors, SignScale(sign_scale), virtual_workers, block_size
+            Compression(compression),
+            exact_vectors,
+            SignScale(sign_scale),
+            virtual_workers,
+            block_size,
+            precondition,
+            local_momentum,
         )
         super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
 
@@ -74,7 +83,7 @@ class OnebitAdam(OnebitOptimizer):
     def _compression_step(self, grads: list[Tensor]) -> None:
         for (group, span), segment in zip(self._group_slices(), self._segments or []):
             if segment.local is None:  # virtual workers form their local momenta inside the exchange
-                F.local_momentum_(segment.views, grads[span], beta1=group["betas"][0])
+                F.local_momentum_(self.momentum_views(segment), grads[span], beta1=group["betas"][0])
             self._exchange(segment, None, beta1=group["betas"][0])
         self._apply_masks()
         for group, _ in self._group_slices():

@@ -23,7 +23,8 @@ entered it (DeepSpeed uses c̄ as is, which after k updates of a constant c is o
 
 Defaults: this class's arguments are DeepSpeed's algorithm (spec §3: one scale per buffer, RMS sign scale,
 frozen c̄·f), the parity mode. The project's config (`conf/optim/onebit_lamb.yaml`, `OnebitLambConfig`)
-defaults to the remedy instead — `compression=per_row`, `sign_scale=mean_abs`, `trust_ratio=live` — because
+defaults to the remedy instead — `compression=per_row`, `precondition=True`, `sign_scale=mean_abs`,
+`trust_ratio=live` — because
 the CPU study (results/cpu-study/) measured DeepSpeed's algorithm losing to LAMB and diverging on some seeds
 where the remedy did not (spec §3.8 has the mechanism).
 
@@ -72,8 +73,9 @@ class OnebitLamb(OnebitOptimizer):
         factor_min, factor_max, factor_threshold: the compression-stage factor rule (§3.5j).
         group: data-parallel process group (None: the default group, or a world of one without
             torch.distributed).
-        compression, exact_vectors, sign_scale, virtual_workers: the momentum exchange
-            (`pretrain.optim.onebit`); the defaults are DeepSpeed's algorithm on real ranks.
+        compression, exact_vectors, sign_scale, virtual_workers, block_size, precondition, local_momentum:
+            the momentum exchange (`pretrain.optim.onebit`); the defaults are DeepSpeed's algorithm on real
+            ranks. `local_momentum` needs a live trust ratio.
         coeff_bias_correction: freeze the bias-corrected c̄ (module docstring).
         trust_ratio: `frozen` (DeepSpeed: c̄·f), `live` or `live_clamped` (module docstring).
     """
@@ -99,16 +101,26 @@ class OnebitLamb(OnebitOptimizer):
         sign_scale: SignScale | str = SignScale.rms,
         virtual_workers: int = 1,
         block_size: int = 2048,
+        precondition: bool = False,
+        local_momentum: bool = False,
         coeff_bias_correction: bool = False,
         trust_ratio: TrustRatio | str = TrustRatio.frozen,
     ) -> None:
         if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
             raise ValueError("OnebitLamb needs 0 <= min_coeff <= max_coeff and 0 < factor_min <= factor_max")
+        if local_momentum and TrustRatio(trust_ratio) is TrustRatio.frozen:
+            raise ValueError("OnebitLamb: local_momentum needs trust_ratio='live' or 'live_clamped'")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         exchange = ExchangeOptions(
-            Compression(compression), exact_vectors, SignScale(sign_scale), virtual_workers, block_size
+            Compression(compression),
+            exact_vectors,
+            SignScale(sign_scale),
+            virtual_workers,
+            block_size,
+            precondition,
+            local_momentum,
         )
         super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
         self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta
@@ -173,7 +185,7 @@ class OnebitLamb(OnebitOptimizer):
             kappas = self._scaling_coefficients(segment.params)
         if segment.local is None:  # virtual workers form their local momenta inside the exchange
             for group, span in self._group_slices():
-                F.local_momentum_(segment.views[span], grads[span], beta1=group["betas"][0])
+                F.local_momentum_(self.momentum_views(segment)[span], grads[span], beta1=group["betas"][0])
         betas = {group["betas"][0] for group in self.param_groups}
         if segment.local is not None and len(betas) > 1:
             raise ValueError("virtual workers need one beta1 for all parameter groups")

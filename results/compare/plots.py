@@ -243,6 +243,12 @@ DIAGNOSTIC_FIGURES = (
         "1-bit exchange: relative error against the exact average",
     ),
     (
+        "diagnostics_step_fidelity.png",
+        "diag/step_fidelity_cos/",
+        None,
+        "1-bit exchange: cosine to the exact average in step units, m/(√v+ε)",
+    ),
+    (
         "diagnostics_update_ratio.png",
         "diag/update_ratio/",
         "diag/lamb_update_ratio/",

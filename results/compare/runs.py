@@ -142,6 +142,8 @@ def load_run_folder(folder: Path) -> Run:
 _VARIANT_DEFAULTS = {
     "exact_vectors": False,
     "exact_output_bias": False,
+    "precondition": False,
+    "local_momentum": False,
     "sign_scale": "rms",
     "coeff_bias_correction": False,
     "trust_ratio": "frozen",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces results/cpu-study/: LAMB against 1-bit LAMB as DeepSpeed has it (`deepspeed`, parity) and with the
-# remedy (`remedy`: per-row scales, the least-squares sign scale, a live trust ratio; results/cpu-study/README.md),
+# remedy (`remedy`: per-row scales, the least-squares sign scale, a live trust ratio; `remedy_pre`: the same
+# exchanging m/(sqrt(v)+eps), the config default since; results/cpu-study/README.md),
 # on the shared sample with an 8K vocabulary cut from BERT's
 # (conf/data/sample_8k.yaml), phase 1 (seq 128), at 2 real processes and at 8 and 32 simulated workers
 # (`sim_world_size`, 2 processes x 4 or 16), plus ablations, a batch-32 arm, a 4-process arm and fine-tunes
@@ -22,13 +23,17 @@
 #             sign scale and frozen coefficient), per_row + live, per_row + mean_abs, per_tensor + mean_abs + live,
 #             deepspeed + live, remedy + exact_vectors (PIECES="<arms>" runs a subset)
 #   batch32   seed 1 at batch 32 (4x the steps): lamb, deepspeed, remedy at n2
+#   precondition  seeds x remedy_pre (the remedy exchanging m/(sqrt(v)+eps); the default since) at n2, sim32
+#   local     seeds x remedy_local (remedy_pre with every worker keeping its own momentum) at n2, sim32
+#   long      seeds x {lamb, remedy_pre} at n2 with conf/batch/cpu_study_long.yaml (3,000 steps, 2,400 of
+#             them compressed: LAMB past the unigram stage); reported apart in results/cpu-study-long/
 #   report    keep the runs' small files in results/cpu-study/runs/, compare, records
 #   results/cpu-study/reproduce.sh                                  # everything
 #   STAGES="main report" SEEDS="1" results/cpu-study/reproduce.sh   # a subset
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-"1 2 3"}
-STAGES=${STAGES:-"main decomposition output_bias finetune scale pieces batch32 report"}
+STAGES=${STAGES:-"main decomposition output_bias precondition local finetune scale pieces batch32 long report"}
 MODEL=${MODEL:-bert_tiny}
 DATA=${DATA:-sample_8k}
 PY=.venv/bin/python
@@ -43,24 +48,27 @@ make --no-print-directory "data/prepared/$DATA/seq128/manifest.json"
 
 declare -A ARM=(
   [lamb]="optim=lamb"
-  [deepspeed]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen"
-  [remedy]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live"
-  [remedy_clamped]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped"
-  [per_row]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen"
-  [per_row_live]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live"
-  [per_row_mean_abs]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen"
-  [per_tensor_remedy]="optim=onebit_lamb optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live"
-  [deepspeed_live]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live"
+  [deepspeed]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false"
+  [remedy]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false"
+  [remedy_clamped]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped optim.precondition=false"
+  [per_row]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false"
+  [per_row_live]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false"
+  [per_row_mean_abs]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen optim.precondition=false"
+  [per_tensor_remedy]="optim=onebit_lamb optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false"
+  [deepspeed_live]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false"
   [lamb_deepspeed]="optim=lamb optim.variant=deepspeed optim.bias_correction=false optim.max_coeff=10.0"
-  [remedy_bias]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true"
-  [remedy_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true"
+  [remedy_bias]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true optim.precondition=false"
+  [remedy_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true optim.precondition=false"
+  [remedy_pre]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true"
+  [remedy_local]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true"
 )
 
 # pretrain <arm> <workers: n1 | n2 | n4 | sim8 | sim32> <seed> <batch recipe>
 pretrain() {
   local arm=$1 workers=$2 seed=$3 batch=$4
-  local global=${batch##*_b}
-  local run="cpu-study-b$global-$arm-$workers-s$seed"
+  local global=${batch##*_b} tag
+  [[ $batch == cpu_study_long ]] && global=128 tag=long || tag=b$global
+  local run="cpu-study-$tag-$arm-$workers-s$seed"
   [[ -f results/runs/$run/summary.json ]] && return 0
   local processes=2 per_process=1
   case $workers in
@@ -116,6 +124,21 @@ if stage output_bias; then  # the remedy + the decoder bias averaged exactly, ac
     for workers in n2 sim32; do pretrain remedy_bias "$workers" "$seed" cpu_study_b128; done
   done
 fi
+if stage precondition; then  # the remedy exchanging m/(sqrt(v)+eps) instead of m, across seeds
+  for seed in $SEEDS; do
+    for workers in ${WORKERS:-n2 sim32}; do pretrain remedy_pre "$workers" "$seed" cpu_study_b128; done
+  done
+fi
+if stage local; then  # the preconditioned remedy with local momenta (no error re-entering the momentum)
+  for seed in $SEEDS; do
+    for workers in ${WORKERS:-n2 sim32}; do pretrain remedy_local "$workers" "$seed" cpu_study_b128; done
+  done
+fi
+if stage long; then  # 7.5x longer (conf/batch/cpu_study_long.yaml): LAMB past the unigram stage
+  for seed in $SEEDS; do
+    for arm in ${LONG_ARMS:-lamb remedy_pre}; do pretrain "$arm" n2 "$seed" cpu_study_long; done
+  done
+fi
 if stage finetune; then
   random=results/runs/cpu-study-random-init
   if [[ ! -d $random/checkpoints ]]; then  # the floor: the same model, initialised, no step taken
@@ -166,5 +189,8 @@ if stage report; then
     (cd "$run_dir" && find finetune -name all_results.json -exec cp --parents {} "../../../$keep/" \;) || true
   done
   $PY -m results.compare study=cpu-study 'runs=[results/cpu-study/runs/cpu-study-b*]' final_window=10
+  if compgen -G "results/cpu-study/runs/cpu-study-long-*" > /dev/null; then  # the long arm, reported apart
+    $PY -m results.compare study=cpu-study-long 'runs=[results/cpu-study/runs/cpu-study-long-*]' final_window=10
+  fi
   $PY -m bench fidelity
 fi

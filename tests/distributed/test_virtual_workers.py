@@ -6,7 +6,8 @@ so both sides add the same floats in the same order; the trainer-level test in
 tests/integration/test_simulated.py covers the gloo ring's own order), in the compression stage the
 real ranks keep their own and the simulated optimizer gets each worker's in `worker_gradient_views`.
 Parameters and replicated state must agree bitwise after every step, for 1-bit LAMB with DeepSpeed's
-exchange and with per-row scales (embedding rows, position mask, exact vectors) and for 1-bit Adam;
+exchange, with per-row scales (embedding rows, position mask, exact vectors) and with the preconditioned
+exchange (`precondition`) and local momenta (`local_momentum`), and for 1-bit Adam;
 a checkpoint taken in the compression stage resumes bitwise in fresh processes.
 """
 
@@ -30,6 +31,22 @@ CONFIGS = {
     "per_row": ("onebit_lamb", dict(compression="per_row", exact_vectors=True, coeff_bias_correction=True)),
     "per_row_mean_abs": ("onebit_lamb", dict(compression="per_row", sign_scale="mean_abs")),
     "adam_per_tensor": ("onebit_adam", dict(compression="per_tensor")),
+    "preconditioned": (
+        "onebit_lamb",
+        dict(compression="per_row", sign_scale="mean_abs", trust_ratio="live", precondition=True),
+    ),
+    "adam_preconditioned": ("onebit_adam", dict(compression="per_tensor", precondition=True)),
+    "local_momentum": (
+        "onebit_lamb",
+        dict(
+            compression="per_row",
+            sign_scale="mean_abs",
+            trust_ratio="live",
+            precondition=True,
+            local_momentum=True,
+        ),
+    ),
+    "adam_local_momentum": ("onebit_adam", dict(compression="per_tensor", local_momentum=True)),
 }
 
 

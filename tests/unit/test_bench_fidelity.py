@@ -30,6 +30,8 @@ def test_records_name_arms_workers_and_ratios(tmp_path: Path):
     assert remedy.target is not None and remedy.value == pytest.approx((7.0 + 6.5) / 2)
     assert "lamb_final_mlm_accuracy_n2" not in records  # the synthetic runs log no accuracy
     assert records["volume_reduction_vs_fp32_deepspeed_n2"].value > 1
+    long = {record.name for record in records_from_summary(summary, tail="_long")}
+    assert "final_mlm_loss_ratio_deepspeed_n2_long" in long and len(long) == len(records)
 
 
 def test_bert_large_exchange_bytes_stay_15_5x_below_fp16_with_per_row_scales():

@@ -448,15 +448,20 @@ def test_arms_group_by_exchange_variant_and_workers(tmp_path: Path):
     write_run(tmp_path, "ds-s1", "onebit_lamb", 1, ONEBIT_1, optim={"compression": "deepspeed"})
     write_run(tmp_path, "remedy-s1", "onebit_lamb", 1, ONEBIT_2, optim=remedy)
     write_run(tmp_path, "remedy-sim-s1", "onebit_lamb", 1, ONEBIT_1, optim=remedy, sim_world_size=16)
+    local = {**remedy, "precondition": True, "local_momentum": True}
+    write_run(tmp_path, "local-s1", "onebit_lamb", 1, ONEBIT_2, optim=local)
     runs = {run.name: run for run in load_local_runs(["*"], root=tmp_path)}
+    assert runs["local-s1"].arm == (
+        "onebit_lamb[per_row+precondition+local_momentum+sign_scale=mean_abs+trust_ratio=live] n2"
+    )
     assert runs["ds-s1"].arm == "onebit_lamb n2"
     assert runs["remedy-s1"].arm == "onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live] n2"
     assert runs["remedy-sim-s1"].arm.endswith("] n32 sim")
     assert runs["lamb-ds-s1"].arm == "lamb[deepspeed+no_bias_correction] n2"
     summary = summary_of(list(runs.values()))
-    assert len(summary["groups"]) == 5
+    assert len(summary["groups"]) == 6
     gaps = {gap["group"]: gap for gap in summary["gaps"]}
-    assert len(gaps) == 4 and all(gap["reference"] == "lamb n2 b8 bert_tiny" for gap in gaps.values())
+    assert len(gaps) == 5 and all(gap["reference"] == "lamb n2 b8 bert_tiny" for gap in gaps.values())
     sim = gaps["onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live] n32 sim b8 bert_tiny"]
     assert sim["final_mlm_loss_gap_pct"] == pytest.approx(100 * ((6.6 + 5.9) / 2 - 5.5) / 5.5)
 

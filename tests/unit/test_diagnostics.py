@@ -100,6 +100,7 @@ def test_fidelity_of_an_exact_exchange_is_perfect():
     for family in ("attention", "ffn", "word_embeddings"):
         assert -1.0 <= metrics[f"diag/fidelity_cos/{family}"] <= 1.0
         assert metrics[f"diag/fidelity_rel_error/{family}"] >= 0.0
+        assert -1.0 <= metrics[f"diag/step_fidelity_cos/{family}"] <= 1.0
     # 1-bit LAMB's step in the compression stage: c̄·f·η·‖u‖, not LAMB's η‖p‖
     assert metrics["diag/update_ratio/attention"] != pytest.approx(
         metrics["diag/lamb_update_ratio/attention"]
@@ -159,3 +160,36 @@ def test_live_trust_ratio_steps_as_lamb_would():
     for family in ("attention", "ffn"):
         assert metrics[f"diag/update_ratio/{family}"] == pytest.approx(0.01, rel=1e-3)
         assert metrics[f"diag/lamb_update_ratio/{family}"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_step_fidelity_weighs_by_the_variance():
+    """In step units m/(√v+ε): with one variance everywhere the figures equal the momentum-unit ones; with a
+    variance 10⁶ times larger on half of a tensor, that half stops counting."""
+    model = _model()
+    optimizer = OnebitLamb(param_groups(model, 0.01), lr=0.01, freeze_step=1, virtual_workers=2)
+    diagnostics = Diagnostics(model, optimizer, None)
+    _backward(model, 0)
+    optimizer.step()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for p in params:
+        optimizer.state[p]["exp_avg_sq"].fill_(0.09)
+    results = []
+    for uneven in (False, True):
+        if uneven:
+            for p in params:
+                optimizer.state[p]["exp_avg_sq"].view(-1)[: p.numel() // 2] = 0.09e6
+        for worker in range(2):
+            _backward(model, 2 + worker)
+            torch._foreach_copy_(optimizer.worker_gradient_views(worker), [p.grad for p in params])
+        diagnostics.begin_step(active=True)
+        optimizer.step()
+        results.append(diagnostics.end_step(skipped=False))
+    even, uneven_metrics = results
+    for family in ("attention", "ffn"):
+        assert even[f"diag/step_fidelity_cos/{family}"] == pytest.approx(even[f"diag/fidelity_cos/{family}"])
+        assert even[f"diag/step_fidelity_rel_error/{family}"] == pytest.approx(
+            even[f"diag/fidelity_rel_error/{family}"]
+        )
+        assert uneven_metrics[f"diag/step_fidelity_cos/{family}"] != pytest.approx(
+            uneven_metrics[f"diag/fidelity_cos/{family}"], abs=1e-3
+        )
