@@ -136,6 +136,8 @@ BYTE_COST_MODES = {
     "per_row": dict(compression="per_row"),
     "per_row_exact_vectors": dict(compression="per_row", exact_vectors=True),
     "per_row_exact_output_bias": dict(compression="per_row", exact_output_bias=True),
+    "per_column": dict(compression="per_column"),
+    "per_column_vector_block16": dict(compression="per_column", vector_block=16),
 }
 
 
@@ -155,12 +157,16 @@ def byte_cost_records() -> list[Record]:
         model = BertForPreTraining(bert_config(ModelConfig(size=ModelSize.bert_large), 30522))
     records = []
     for mode, options in BYTE_COST_MODES.items():
-        exchange = ExchangeOptions(Compression(options["compression"]), options.get("exact_vectors", False))
+        exchange = ExchangeOptions(
+            Compression(options["compression"]),
+            options.get("exact_vectors", False),
+            vector_block=int(options.get("vector_block", 0)),
+        )
         groups = param_groups(
             model,
             0.01,
             max_seq_length=128,
-            row_scales=exchange.compression.value == "per_row",
+            row_scales=exchange.compression.row_scales,
             exact_output_bias=bool(options.get("exact_output_bias", False)),
         )
         params = [p for group in groups for p in group["params"]]

@@ -11,7 +11,8 @@ transform, its LayerNorm and the decoder bias), pooler + NSP head. Per family F,
   steps, which the byte counters never see. `diag/step_fidelity_cos/F`, `diag/step_fidelity_rel_error/F`:
   the same in the units of the step, m/(√v + ε) with the optimizer's (frozen) v — what the update
   applies; a large momentum with a large variance moves a weight no more than a small one with a small
-  variance, so the momentum-unit figures can mislead (`optim.precondition` lowers them and raises these).
+  variance, so the momentum-unit figures can mislead (`optim.precondition` lowers them:
+  results/cpu-study/README.md).
 - `diag/update_ratio/F`: ‖Δp‖/‖p‖ of this step; `diag/lamb_update_ratio/F`: the same for LAMB's
   layer-wise trust-ratio rule applied to this step's momentum and variance (as stored, without bias
   correction) and the weights the step started from: Δ = η·r·u with u = m/(√v + ε) + λp and

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from pretrain.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from pretrain.diagnostics import family_of
+from pretrain.optim.onebit import Compression
 from pretrain.optim.params import param_groups
 
 
@@ -68,7 +69,9 @@ def _ordered(model: nn.Module, config: dict[str, Any]) -> list[tuple[str, dict[s
     """(name, group) in the optimizer's order, grouped as the trainer grouped them (pretrain/trainer.py)."""
     optim = config["optim"]
     masks = bool(optim.get("mask_unused_position_embeddings", False)) and optim["name"].startswith("onebit")
-    row_scales = optim["name"].startswith("onebit") and optim.get("compression") in ("per_row", "per_block")
+    row_scales = (
+        optim["name"].startswith("onebit") and Compression(optim.get("compression", "deepspeed")).row_scales
+    )
     length = config["batch"]["phases"][0]["max_seq_length"] if masks else None
     groups = param_groups(model, optim["weight_decay"], max_seq_length=length, row_scales=row_scales)
     names = {id(param): name for name, param in model.named_parameters()}

@@ -112,8 +112,9 @@ class _OnebitConfig(OptimizerConfig):
     # max_seq_length=...)` builds it; 1-bit signs cannot encode the zero momentum of those rows.
     mask_unused_position_embeddings: bool = True
     # The momentum exchange (pretrain/optim/onebit.py): `deepspeed` = DeepSpeed's algorithm exactly;
-    # per_tensor / per_row: one scale per tensor / also per embedding row. exact_vectors: 1-D tensors
-    # averaged exactly. sign_scale: rms (DeepSpeed) or mean_abs.
+    # per_tensor / per_row: one scale per tensor / also per embedding row; per_column: per_row and one per
+    # input column of every other matrix. exact_vectors: 1-D tensors averaged exactly. sign_scale: rms
+    # (DeepSpeed) or mean_abs.
     compression: Compression = Compression.deepspeed
     exact_vectors: bool = False
     sign_scale: SignScale = SignScale.rms
@@ -127,6 +128,9 @@ class _OnebitConfig(OptimizerConfig):
     # every worker keeps its own momentum and steps on the compressed average (DeepSpeed replaces the
     # momentum by the average, so the compression error re-enters it); 1-bit LAMB: a live trust_ratio
     local_momentum: bool = False
+    # > 0: the 1-D tensors (biases, LayerNorm) with one scale per vector_block elements (4/vector_block
+    # bytes per element and phase on top of the sign bit); 0: one per tensor. results/cpu-study/README.md
+    vector_block: int = 0
     # (1-bit LAMB's config defaults to the remedy instead: OnebitLambConfig)
 
     def __post_init__(self) -> None:
@@ -134,6 +138,11 @@ class _OnebitConfig(OptimizerConfig):
         _require(self.freeze_step >= 1, "freeze_step", f"must be >= 1, got {self.freeze_step}")
         _require(self.block_size >= 8, "block_size", f"must be >= 8, got {self.block_size}")
         _require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
+        _require(
+            self.vector_block >= 0,
+            "vector_block",
+            f"must be >= 0 (0: one scale per tensor), got {self.vector_block}",
+        )
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         return {
@@ -146,12 +155,13 @@ class _OnebitConfig(OptimizerConfig):
             "block_size": self.block_size,
             "precondition": self.precondition,
             "local_momentum": self.local_momentum,
+            "vector_block": self.vector_block,
         }
 
     @property
     def row_scales(self) -> bool:
         """Whether `param_groups` should put the embeddings in groups with per-row scales."""
-        return Compression(self.compression) in (Compression.per_row, Compression.per_block)
+        return Compression(self.compression).row_scales
 
 
 @dataclass
@@ -169,7 +179,7 @@ class OnebitLambConfig(_OnebitConfig):
     trust_ratio: TrustRatio = TrustRatio.live
     # The remedy is the default (results/cpu-study/: measured against LAMB and DeepSpeed's algorithm);
     # DeepSpeed's exactly: compression=deepspeed sign_scale=rms trust_ratio=frozen precondition=false.
-    compression: Compression = Compression.per_row
+    compression: Compression = Compression.per_column
     sign_scale: SignScale = SignScale.mean_abs
     precondition: bool = True
 

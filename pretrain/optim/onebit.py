@@ -24,8 +24,20 @@ per rank's whole buffer, κ to equalise tensors). `per_tensor` gives every tenso
 `per_row` also every row of the tensors in groups flagged `row_scales` (the embeddings: see
 `pretrain.optim.params.param_groups`), so a frequent token's row no longer shares its scale with
 rows that saw no gradient, and one tensor's error cannot inflate another's scale; κ is not needed
-there (the quantizer is positively homogeneous per segment). `exact_vectors` sends 1-D tensors with
-one scale per element, i.e. exactly averaged (4 bytes per element and phase, like an fp32 ring).
+there (the quantizer is positively homogeneous per segment). `per_column` also gives every input
+column of the other matrices its own scale: those tensors are exchanged transposed (copied into the
+exchange layout before the compressed allreduce and back after it, so the compressor's error buffers
+live in that layout), and a column is a row of the layout. A hidden-state outlier dimension feeds one
+column of every matrix that reads it, with gradients (and, preconditioned, steps) far larger than the
+other columns': with one scale per tensor its error feedback piles up there (results/cpu-study/).
+BERT-Large: 256K scales, 15.62× less than fp16 (`results/bench/fidelity.json`). It is the default of
+`optim=onebit_lamb` (with `precondition`): final MLM loss / LAMB's 1.011 at 2 ranks and 1.009 at 32
+simulated, against 1.013 / 1.012 with `per_row` (results/cpu-study/README.md).
+`exact_vectors` sends 1-D tensors with one scale per element, i.e. exactly averaged (4 bytes per element
+and phase, like an fp32 ring); `vector_block=b` gives them one scale per b elements instead (4/b bytes per
+element and phase on top of the sign bit): the biases and LayerNorm weights hold elements of very different
+sizes (a LayerNorm gain next to an outlier dimension's), which one scale per tensor cannot deliver, and
+BERT-Large has too many of them (~0.36M) to send exactly within the byte budget alongside `per_column`.
 
 Preconditioned exchange (`precondition=True`): every worker sends m/(√v+ε) instead of m — v the variance
 frozen at freeze_step, so the divisor is the same on every rank and fixed for the whole compression stage —
@@ -89,6 +101,12 @@ class Compression(str, enum.Enum):
     per_tensor = "per_tensor"  # one per tensor (cut at server-chunk boundaries)
     per_row = "per_row"  # per_tensor, and one per row in groups with `row_scales`
     per_block = "per_block"  # per_row, and the other tensors in blocks of `block_size` elements
+    per_column = "per_column"  # per_row, and one per input column of every other matrix (sent transposed)
+
+    @property
+    def row_scales(self) -> bool:
+        """Whether the embeddings get one scale per row (`param_groups(row_scales=True)`)."""
+        return self in (Compression.per_row, Compression.per_block, Compression.per_column)
 
 
 @dataclass(frozen=True)
@@ -103,18 +121,27 @@ class ExchangeOptions:
     block_size: int = 2048  # per_block only
     precondition: bool = False  # exchange m/(√v+ε) with v frozen (module docstring), not m
     local_momentum: bool = False  # workers keep their own momenta; the average only steps (module docstring)
+    vector_block: int = 0  # > 0: 1-D tensors with one scale per `vector_block` elements (module docstring)
 
     def blocks(self, params: list[Tensor], row_scaled: set[int], pad: int) -> list[Block] | None:
         """The scale blocks of a buffer holding `params` then `pad` zeros; None: DeepSpeed's layout."""
         if self.compression is Compression.deepspeed:
             return None
-        rows = self.compression in (Compression.per_row, Compression.per_block)
+        rows = self.compression.row_scales
+        transposed = self.transposed(params, row_scaled)
         blocks = []
-        for p in params:
+        for p, columns in zip(params, transposed):
             if self.exact_vectors and p.dim() <= 1:
                 blocks.append(Block(p.numel(), 1))
             elif rows and id(p) in row_scaled:  # a 1-D row-scaled tensor: rows of one element (exact)
                 blocks.append(Block(p.numel(), p.shape[-1] if p.dim() >= 2 else 1))
+            elif self.vector_block and p.dim() <= 1 and p.numel() > self.vector_block:
+                whole = p.numel() // self.vector_block * self.vector_block
+                blocks.append(Block(whole, self.vector_block))
+                if p.numel() > whole:
+                    blocks.append(Block(p.numel() - whole, p.numel() - whole))
+            elif columns:  # sent transposed: a row of the exchange layout is one column of the matrix
+                blocks.append(Block(p.numel(), p.shape[0]))
             elif self.compression is Compression.per_block and p.numel() > self.block_size:
                 whole = p.numel() // self.block_size * self.block_size
                 blocks.append(Block(whole, self.block_size))
@@ -125,6 +152,11 @@ class ExchangeOptions:
         if pad:
             blocks.append(Block(pad, pad))
         return blocks
+
+    def transposed(self, params: list[Tensor], row_scaled: set[int]) -> list[bool]:
+        """Per tensor: whether it is exchanged transposed (`per_column`: the matrices without row scales)."""
+        columns = self.compression is Compression.per_column
+        return [columns and p.dim() == 2 and id(p) not in row_scaled for p in params]
 
 
 @dataclass
@@ -142,6 +174,7 @@ class MomentumSegment:
     divisors: list[Tensor] | None = None  # `precondition`: √v+ε per tensor (v frozen), built at first use
     # `local_momentum`: the workers' own momenta ([len] or [k, len]), from the synchronized one at freeze
     local_momentum: Tensor | None = None
+    transposed: list[bool] | None = None  # `per_column`: the tensors exchanged transposed (None: none)
 
     @classmethod
     def build(
@@ -171,6 +204,8 @@ class MomentumSegment:
                 sign_scale=options.sign_scale,
             )
         segment = cls(params, buffer, _views_like(buffer, params), buffer[numel:], compressor)
+        transposed = options.transposed(params, row_scaled)
+        segment.transposed = transposed if any(transposed) else None
         if options.virtual_workers > 1:
             segment.local = torch.zeros(options.virtual_workers, buffer.numel(), device=device)
         return segment
@@ -201,6 +236,32 @@ class MomentumSegment:
     def views_of(self, flat: Tensor) -> list[Tensor]:
         """Per-parameter views into another buffer laid out like `buffer` (e.g. a snapshot)."""
         return _views_like(flat, self.params)
+
+    def exchange_views(self, flat: Tensor) -> list[Tensor]:
+        """Like `views_of` for a buffer in the exchange layout (the compressor's error buffers): a
+        transposed tensor's view is [columns, rows]."""
+        views = _views_like(flat, self.params)
+        if self.transposed is None:
+            return views
+        return [v.view(v.shape[1], v.shape[0]) if t else v for v, t in zip(views, self.transposed)]
+
+    def to_exchange_layout_(self, flat: Tensor) -> None:
+        """Transpose, in place, the `transposed` tensors of `flat` ([len] or [k, len]): each matrix
+        column becomes a contiguous row with its own scale."""
+        self._transpose_(flat, back=False)
+
+    def from_exchange_layout_(self, flat: Tensor) -> None:
+        """Undo `to_exchange_layout_`."""
+        self._transpose_(flat, back=True)
+
+    def _transpose_(self, flat: Tensor, *, back: bool) -> None:
+        if self.transposed is None:
+            return
+        for row in [flat] if flat.dim() == 1 else list(flat):
+            for view, transposed in zip(_views_like(row, self.params), self.transposed):
+                if transposed:
+                    source = view.view(view.shape[1], view.shape[0]).t() if back else view.t()
+                    view.view(-1).copy_(source.contiguous().view(-1))
 
     def snapshot_scaled(self, factor: float) -> Tensor:
         """factor · buffer, in a scratch buffer kept for the purpose (virtual workers)."""
@@ -248,6 +309,8 @@ class OnebitOptimizer(OptimizerBase):
         self.freeze_step = freeze_step
         self.group = group
         self.exchange = exchange or ExchangeOptions()
+        if self.exchange.vector_block < 0:
+            raise ValueError(f"vector_block must be >= 0, got {self.exchange.vector_block}")
         if self.exchange.virtual_workers < 1:
             raise ValueError(f"virtual_workers must be >= 1, got {self.exchange.virtual_workers}")
         self.virtual_workers = self.exchange.virtual_workers
@@ -490,10 +553,12 @@ class OnebitOptimizer(OptimizerBase):
         if divisors is not None:
             for row in [local] if local.dim() == 1 else list(local):
                 torch._foreach_div_(segment.views_of(row), divisors)
+        segment.to_exchange_layout_(local)
         if segment.local is None:
             compressor(segment.buffer)
         else:
             compressor(segment.local, out=segment.buffer)
+        segment.from_exchange_layout_(segment.buffer)
         if divisors is not None:
             torch._foreach_mul_(segment.views, divisors)
         if probe is not None:
@@ -516,9 +581,12 @@ class OnebitOptimizer(OptimizerBase):
         if segment.divisors is None or error.numel() == 0:
             return torch.linalg.vector_norm(error)
         rows = error.view(-1, segment.buffer.numel())
+        divisors = segment.divisors
+        if segment.transposed is not None:  # the error buffers are in the exchange layout
+            divisors = [d.t() if t else d for d, t in zip(divisors, segment.transposed)]
         norms = [
             torch.linalg.vector_norm(
-                torch.stack(torch._foreach_norm(torch._foreach_mul(segment.views_of(row), segment.divisors)))
+                torch.stack(torch._foreach_norm(torch._foreach_mul(segment.exchange_views(row), divisors)))
             )
             for row in rows
         ]

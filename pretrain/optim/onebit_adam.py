@@ -25,7 +25,7 @@ from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 class OnebitAdam(OnebitOptimizer):
     """1-bit Adam. Defaults as DeepSpeed (spec §4); `exp_avg_mask`, `group` and the exchange options
     (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`, `block_size`, `precondition`,
-    `local_momentum`) as in `OnebitLamb`."""
+    `local_momentum`, `vector_block`) as in `OnebitLamb`."""
 
     def __init__(
         self,
@@ -44,6 +44,7 @@ class OnebitAdam(OnebitOptimizer):
         block_size: int = 2048,
         precondition: bool = False,
         local_momentum: bool = False,
+        vector_block: int = 0,
     ) -> None:
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         exchange = ExchangeOptions(
@@ -54,6 +55,7 @@ class OnebitAdam(OnebitOptimizer):
             block_size,
             precondition,
             local_momentum,
+            vector_block,
         )
         super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
 

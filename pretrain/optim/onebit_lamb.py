@@ -73,7 +73,8 @@ class OnebitLamb(OnebitOptimizer):
         factor_min, factor_max, factor_threshold: the compression-stage factor rule (§3.5j).
         group: data-parallel process group (None: the default group, or a world of one without
             torch.distributed).
-        compression, exact_vectors, sign_scale, virtual_workers, block_size, precondition, local_momentum:
+        compression, exact_vectors, sign_scale, virtual_workers, block_size, precondition, local_momentum,
+            vector_block:
             the momentum exchange (`pretrain.optim.onebit`); the defaults are DeepSpeed's algorithm on real
             ranks. `local_momentum` needs a live trust ratio.
         coeff_bias_correction: freeze the bias-corrected c̄ (module docstring).
@@ -103,6 +104,7 @@ class OnebitLamb(OnebitOptimizer):
         block_size: int = 2048,
         precondition: bool = False,
         local_momentum: bool = False,
+        vector_block: int = 0,
         coeff_bias_correction: bool = False,
         trust_ratio: TrustRatio | str = TrustRatio.frozen,
     ) -> None:
@@ -121,6 +123,7 @@ class OnebitLamb(OnebitOptimizer):
             block_size,
             precondition,
             local_momentum,
+            vector_block,
         )
         super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
         self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta

@@ -144,6 +144,7 @@ _VARIANT_DEFAULTS = {
     "exact_output_bias": False,
     "precondition": False,
     "local_momentum": False,
+    "vector_block": 0,
     "sign_scale": "rms",
     "coeff_bias_correction": False,
     "trust_ratio": "frozen",

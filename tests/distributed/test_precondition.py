@@ -6,8 +6,11 @@ m/(√v+ε) with v frozen and the average is multiplied back.
 - With gradients whose columns differ in size by orders of magnitude (the hidden-state outlier
   dimensions of a transformer), the averaged momentum it delivers is closer to the exact average in the
   units of the step, u = m/(√v+ε), than the plain exchange's, over a run of compression steps.
+- `per_column` (one scale per input column of every matrix, exchanged transposed) delivers momenta
+  whose columns each have one magnitude exactly, where one scale per tensor cannot; preconditioned, its
+  logged error norm (error buffers in the transposed layout) is still in momentum units.
 Bitwise equality with real ranks and bitwise resume are in tests/distributed/test_virtual_workers.py
-(the `preconditioned` configs).
+(the `preconditioned` and `per_column` configs).
 """
 
 from __future__ import annotations
@@ -29,7 +32,20 @@ def _gradient(worker: int, step: int) -> torch.Tensor:
     return column_sizes * (common + 0.5 * torch.randn(ROWS, COLS, generator=generator))
 
 
-def _run(precondition: bool, constant_variance: bool, steps: int) -> dict:
+def _column_gradient(worker: int, step: int) -> torch.Tensor:
+    """The same on every worker: fixed signs, one magnitude per column that changes with the step, so the
+    momentum's columns each keep one magnitude."""
+    signs = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5)).sign()
+    return signs * torch.logspace(-3, 1, COLS) * (1.0 + 0.1 * step)
+
+
+def _run(
+    precondition: bool,
+    constant_variance: bool,
+    steps: int,
+    compression: str = "per_tensor",
+    gradient=_gradient,
+) -> dict:
     from pretrain.optim import OnebitLamb
 
     weight = torch.nn.Parameter(torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(0)))
@@ -40,7 +56,7 @@ def _run(precondition: bool, constant_variance: bool, steps: int) -> dict:
         coeff_beta=0.5,
         betas=(BETA1, 0.999),
         eps=EPS,
-        compression="per_tensor",
+        compression=compression,
         sign_scale="mean_abs",
         trust_ratio="live",
         virtual_workers=WORKERS,
@@ -49,13 +65,13 @@ def _run(precondition: bool, constant_variance: bool, steps: int) -> dict:
     errors, momenta = [], []
     for step in range(2 + steps):
         if optimizer.needs_gradient_allreduce:
-            weight.grad = torch.stack([_gradient(w, step) for w in range(WORKERS)]).mean(0)
+            weight.grad = torch.stack([gradient(w, step) for w in range(WORKERS)]).mean(0)
             optimizer.step()
             if constant_variance and not optimizer.needs_gradient_allreduce:
                 optimizer.state[weight]["exp_avg_sq"].fill_(0.3)
             continue
         state = optimizer.state[weight]
-        grads = [_gradient(w, step) for w in range(WORKERS)]
+        grads = [gradient(w, step) for w in range(WORKERS)]
         exact = BETA1 * state["exp_avg"] + (1 - BETA1) * torch.stack(grads).mean(0)
         for w, grad in enumerate(grads):
             optimizer.worker_gradient_views(w)[0].copy_(grad)
@@ -63,6 +79,8 @@ def _run(precondition: bool, constant_variance: bool, steps: int) -> dict:
         optimizer.step()
         divisor = state["exp_avg_sq"].sqrt() + EPS
         errors.append(float(((state["exp_avg"] - exact) / divisor).norm() / (exact / divisor).norm()))
+        if gradient is _column_gradient:  # the momentum's own error, in momentum units
+            errors[-1] = float((state["exp_avg"] - exact).norm() / exact.norm())
         momenta.append(state["exp_avg"].clone())
     return {
         "errors": errors,
@@ -81,6 +99,34 @@ def _compare(rank: int, world_size: int) -> dict:
         "constant_error_norms": [plain["error_norm"], preconditioned["error_norm"]],
         "outliers": [_run(flag, False, 30)["errors"] for flag in (False, True)],
     }
+
+
+def _columns(rank: int, world_size: int) -> dict:
+    torch.set_num_threads(1)
+    constant = [_run(flag, True, 3, "per_column") for flag in (False, True)]
+    return {
+        "column_errors": {
+            compression: max(_run(False, False, 5, compression, _column_gradient)["errors"])
+            for compression in ("per_column", "per_tensor", "per_row")
+        },
+        "constant_max_difference": max(
+            float((a - b).abs().max()) for a, b in zip(constant[0]["momenta"], constant[1]["momenta"])
+        ),
+        "constant_max_value": max(float(a.abs().max()) for a in constant[0]["momenta"]),
+        "constant_error_norms": [run["error_norm"] for run in constant],
+    }
+
+
+def test_per_column_scales():
+    results = run_distributed(_columns, 1, ())[0]
+    errors = results["column_errors"]
+    # one magnitude per column: per-column scales deliver it exactly, a scale per tensor (or per row) cannot
+    assert errors["per_column"] < 1e-6, errors
+    assert errors["per_tensor"] > 0.1 and errors["per_row"] > 0.1, errors
+    assert results["constant_max_difference"] <= 1e-5 * results["constant_max_value"], results
+    plain_norm, preconditioned_norm = results["constant_error_norms"]
+    assert plain_norm > 0
+    assert preconditioned_norm == pytest.approx(plain_norm, rel=1e-4)
 
 
 def test_preconditioned_exchange():

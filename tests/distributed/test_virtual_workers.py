@@ -7,7 +7,8 @@ tests/integration/test_simulated.py covers the gloo ring's own order), in the co
 real ranks keep their own and the simulated optimizer gets each worker's in `worker_gradient_views`.
 Parameters and replicated state must agree bitwise after every step, for 1-bit LAMB with DeepSpeed's
 exchange, with per-row scales (embedding rows, position mask, exact vectors) and with the preconditioned
-exchange (`precondition`) and local momenta (`local_momentum`), and for 1-bit Adam;
+exchange (`precondition`), local momenta (`local_momentum`), per-column and vector-block scales, and for
+1-bit Adam;
 a checkpoint taken in the compression stage resumes bitwise in fresh processes.
 """
 
@@ -47,6 +48,17 @@ CONFIGS = {
         ),
     ),
     "adam_local_momentum": ("onebit_adam", dict(compression="per_tensor", local_momentum=True)),
+    "per_column": (
+        "onebit_lamb",
+        dict(
+            compression="per_column",
+            sign_scale="mean_abs",
+            trust_ratio="live",
+            precondition=True,
+            vector_block=5,  # the 16-element vectors: 3 blocks of 5 and a remainder of 1; the 4: one
+        ),
+    ),
+    "adam_per_column": ("onebit_adam", dict(compression="per_column", vector_block=3)),
 }
 
 
@@ -57,7 +69,7 @@ def _build(config: str, virtual_workers: int):
     model = _model(VOCAB)
     embedding, *rest = model.parameters()
     mask = (torch.arange(VOCAB) < USED).float().unsqueeze(1)
-    row_scales = options.get("compression") == "per_row"
+    row_scales = options.get("compression") in ("per_row", "per_column")
     groups = [
         {"params": [p for p in rest if p.dim() > 1], "weight_decay": 0.01},
         {"params": [p for p in rest if p.dim() == 1], "weight_decay": 0.0},

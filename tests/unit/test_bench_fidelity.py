@@ -47,3 +47,9 @@ def test_bert_large_exchange_bytes_stay_15_5x_below_fp16_with_per_row_scales():
         records["bert_large_compression_bytes_per_row_exact_vectors_n64"].config["times_less_than_fp16"]
         < 15.5
     )
+    # the default (per_column): a scale per input column of every matrix too, still within the budget
+    per_column = records["bert_large_compression_bytes_per_column_n64"]
+    assert per_column.peer_value / per_column.value >= 15.5
+    # 24 layers x (Q, K, V, O, FFN-in: 1,024 columns; FFN-out: 4,096) + the embedding rows, on top of per_row
+    assert per_column.config["scale_segments"] - per_row.config["scale_segments"] >= 24 * 9216
+    assert per_column.value > per_row.value

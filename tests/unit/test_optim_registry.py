@@ -155,3 +155,40 @@ def test_a_row_scaled_vector_is_averaged_element_by_element():
     assert [(b.numel, b.row_length) for b in blocks] == [(12, 4), (6, 1), (2, 2)]
     blocks = ExchangeOptions(Compression.per_row).blocks([matrix, bias], set(), pad=0)
     assert [(b.numel, b.row_length) for b in blocks] == [(12, 12), (6, 6)]
+
+
+def test_per_column_gives_every_other_matrix_a_scale_per_column():
+    from pretrain.optim.onebit import Compression, ExchangeOptions
+
+    embedding, matrix, bias = torch.zeros(5, 4), torch.zeros(3, 4), torch.zeros(6)
+    options = ExchangeOptions(Compression.per_column)
+    blocks = options.blocks([embedding, matrix, bias], {id(embedding)}, pad=2)
+    # the embedding keeps a scale per row; the matrix travels transposed: 4 columns of 3 elements
+    assert [(b.numel, b.row_length) for b in blocks] == [(20, 4), (12, 3), (6, 6), (2, 2)]
+    assert options.transposed([embedding, matrix, bias], {id(embedding)}) == [False, True, False]
+    assert Compression.per_column.row_scales and not Compression.per_tensor.row_scales
+
+
+def test_vector_block_gives_the_vectors_a_scale_per_block():
+    from pretrain.optim import OnebitLamb
+    from pretrain.optim.onebit import Compression, ExchangeOptions
+
+    embedding, matrix, bias, gain = torch.zeros(5, 4), torch.zeros(3, 4), torch.zeros(10), torch.zeros(3)
+    options = ExchangeOptions(Compression.per_column, vector_block=4)
+    blocks = options.blocks([embedding, matrix, bias, gain], {id(embedding)}, pad=1)
+    # 10 = two blocks of 4 and a remainder of 2 with its own scale; 3 <= 4: one scale; matrices unchanged
+    assert [(b.numel, b.row_length) for b in blocks] == [(20, 4), (12, 3), (8, 4), (2, 2), (3, 3), (1, 1)]
+    # exact_vectors (a scale per element) takes precedence; deepspeed keeps its own layout
+    exact = ExchangeOptions(Compression.per_row, exact_vectors=True, vector_block=4)
+    assert [(b.numel, b.row_length) for b in exact.blocks([bias], set(), pad=0)] == [(10, 1)]
+    assert ExchangeOptions(Compression.deepspeed, vector_block=4).blocks([bias], set(), pad=0) is None
+    with pytest.raises(ValueError, match="vector_block"):
+        OnebitLamb([torch.nn.Parameter(torch.zeros(3))], vector_block=-1)
+
+
+def test_vector_block_config_key_is_checked():
+    from pretrain.optim.config import OnebitLambConfig
+
+    assert OnebitLambConfig(vector_block=16).optimizer_kwargs()["vector_block"] == 16
+    with pytest.raises(ValueError, match="vector_block"):
+        OnebitLambConfig(vector_block=-2)
