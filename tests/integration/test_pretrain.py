@@ -74,9 +74,31 @@ def test_two_ranks_learn_with_identical_replicas(tiny_data: Path, tmp_path: Path
     compressed = per_step[-1]
     assert 0 < compressed < lamb_step / 20
     if optim == "onebit_lamb":
-        # the default exchange adds one fp32 scale per tensor and per embedding row to DeepSpeed's bytes
+        # the default exchange (per_column) adds one fp32 scale per embedding row, per input column of every
+        # other matrix and per other tensor to DeepSpeed's bytes: exactly the layout's segments
         signs_only = compressed_call_traffic(padded_numel(num_params, 2), 2).compressed_bytes
-        assert signs_only < compressed < 1.15 * signs_only
+        assert compressed == expected_exchange_bytes(cfg, vocab_size, world_size=2)
+        # the tiny model's 128-element columns: a 4-byte scale per 16 bytes of signs at most
+        assert signs_only < compressed < 1.3 * signs_only
+
+
+def expected_exchange_bytes(cfg, vocab_size: int, world_size: int) -> float:
+    """One compression-stage call's bytes per rank from the counter's formulas on the trainer's layout."""
+    from pretrain.comm.layout import ScaleLayout
+    from pretrain.optim.onebit import Compression, ExchangeOptions
+    from pretrain.optim.params import param_groups
+
+    model = build_model(cfg.model, vocab_size, torch.device("cpu"))
+    groups = param_groups(
+        model, cfg.optim.weight_decay, max_seq_length=cfg.batch.phases[0].max_seq_length, row_scales=True
+    )
+    params = [p for group in groups for p in group["params"]]
+    row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
+    numel = sum(p.numel() for p in params)
+    padded = padded_numel(numel, world_size)
+    blocks = ExchangeOptions(Compression(cfg.optim.compression)).blocks(params, row_scaled, padded - numel)
+    segments = ScaleLayout.from_blocks(blocks, padded, world_size).total_chunk_segments
+    return compressed_call_traffic(padded, world_size, segments=segments).compressed_bytes
 
 
 def test_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path):
