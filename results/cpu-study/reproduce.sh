@@ -24,16 +24,20 @@
 #             deepspeed + live, remedy + exact_vectors (PIECES="<arms>" runs a subset)
 #   batch32   seed 1 at batch 32 (4x the steps): lamb, deepspeed, remedy at n2
 #   precondition  seeds x remedy_pre (the remedy exchanging m/(sqrt(v)+eps); the default since) at n2, sim32
+#   columns   seeds x remedy_col (remedy_pre with one scale per input column of every other matrix) at n2, sim32;
+#             seed 1 at n4, sim8, sim64, and with the 1-D tensors exact (remedy_col_exact) at n2
 #   local     seeds x remedy_local (remedy_pre with every worker keeping its own momentum) at n2, sim32
 #   long      seeds x {lamb, remedy_pre} at n2 with conf/batch/cpu_study_long.yaml (3,000 steps, 2,400 of
 #             them compressed: LAMB past the unigram stage); reported apart in results/cpu-study-long/
+#   arms      any arms of the table below: ARMS="<arms>" at WORKERS (default n2) for SEEDS with the recipe BATCH
+#             (default cpu_study_b128); not in the default STAGES
 #   report    keep the runs' small files in results/cpu-study/runs/, compare, records
 #   results/cpu-study/reproduce.sh                                  # everything
 #   STAGES="main report" SEEDS="1" results/cpu-study/reproduce.sh   # a subset
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-"1 2 3"}
-STAGES=${STAGES:-"main decomposition output_bias precondition local finetune scale pieces batch32 long report"}
+STAGES=${STAGES:-"main decomposition output_bias precondition columns local finetune scale pieces batch32 long report"}
 MODEL=${MODEL:-bert_tiny}
 DATA=${DATA:-sample_8k}
 PY=.venv/bin/python
@@ -60,6 +64,11 @@ declare -A ARM=(
   [remedy_bias]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true optim.precondition=false"
   [remedy_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true optim.precondition=false"
   [remedy_pre]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true"
+  [remedy_col]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true"
+  [remedy_col_exact]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true"
+  [remedy_pre_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true"
+  [remedy_col_vb16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.vector_block=16"
+  [remedy_col_eps6]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.eps=1e-6"
   [remedy_local]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true"
 )
 
@@ -129,6 +138,15 @@ if stage precondition; then  # the remedy exchanging m/(sqrt(v)+eps) instead of 
     for workers in ${WORKERS:-n2 sim32}; do pretrain remedy_pre "$workers" "$seed" cpu_study_b128; done
   done
 fi
+if stage columns; then  # remedy_pre with one scale per input column of every matrix (per_column)
+  for seed in $SEEDS; do
+    for workers in ${WORKERS:-n2 sim32}; do pretrain remedy_col "$workers" "$seed" cpu_study_b128; done
+  done
+  if [[ -z ${WORKERS:-} ]]; then  # seed 1: the other worker counts, and what sending the 1-D tensors exactly adds
+    for workers in n4 sim8 sim64; do pretrain remedy_col "$workers" 1 cpu_study_b128; done
+    pretrain remedy_col_exact n2 1 cpu_study_b128
+  fi
+fi
 if stage local; then  # the preconditioned remedy with local momenta (no error re-entering the momentum)
   for seed in $SEEDS; do
     for workers in ${WORKERS:-n2 sim32}; do pretrain remedy_local "$workers" "$seed" cpu_study_b128; done
@@ -137,6 +155,13 @@ fi
 if stage long; then  # 7.5x longer (conf/batch/cpu_study_long.yaml): LAMB past the unigram stage
   for seed in $SEEDS; do
     for arm in ${LONG_ARMS:-lamb remedy_pre}; do pretrain "$arm" n2 "$seed" cpu_study_long; done
+  done
+fi
+if stage arms; then  # ARMS="remedy_col remedy_pre_exact" WORKERS="n2 sim32" SEEDS="1 2 3"
+  for seed in $SEEDS; do
+    for workers in ${WORKERS:-n2}; do
+      for arm in ${ARMS:?STAGES=arms needs ARMS}; do pretrain "$arm" "$workers" "$seed" "${BATCH:-cpu_study_b128}"; done
+    done
   done
 fi
 if stage finetune; then
@@ -178,10 +203,12 @@ if stage batch32; then
   for arm in lamb deepspeed remedy; do pretrain "$arm" n2 1 cpu_study_b32; done
 fi
 if stage report; then
-  # the small files (metrics, summaries, configs, fine-tune results) next to the report; compare from them
-  rm -rf results/cpu-study/runs
+  # the small files (metrics, summaries, configs, fine-tune results) next to the report; compare from them.
+  # Runs kept from an earlier machine (committed, no longer under results/runs/) stay as they are.
   for run_dir in results/runs/cpu-study-*; do
+    [[ -f $run_dir/summary.json || -d $run_dir/finetune ]] || continue  # unfinished: not reported
     keep=results/cpu-study/runs/$(basename "$run_dir")
+    rm -rf "$keep"
     mkdir -p "$keep"
     for file in metrics.jsonl summary.json config.yaml; do
       [[ -f $run_dir/$file ]] && cp "$run_dir/$file" "$keep/"
