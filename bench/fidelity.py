@@ -148,7 +148,6 @@ def byte_cost_records() -> list[Record]:
 
     from pretrain.comm import padded_numel
     from pretrain.comm.counter import compressed_call_traffic
-    from pretrain.comm.layout import ScaleLayout
     from pretrain.model import ModelConfig, ModelSize, bert_config
     from pretrain.optim.onebit import Compression, ExchangeOptions
     from pretrain.optim.params import param_groups
@@ -174,10 +173,8 @@ def byte_cost_records() -> list[Record]:
         numel = sum(p.numel() for p in params)
         for world_size in BYTE_COST_WORLD_SIZES:
             padded = padded_numel(numel, world_size)
-            blocks = exchange.blocks(params, row_scaled, padded - numel)
-            segments = None
-            if blocks is not None:
-                segments = ScaleLayout.from_blocks(blocks, padded, world_size).total_chunk_segments
+            layout = exchange.layout(params, row_scaled, padded, world_size)
+            segments = None if layout is None else layout.total_chunk_segments
             call = compressed_call_traffic(padded, world_size, segments=segments)
             records.append(
                 Record(

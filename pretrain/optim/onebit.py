@@ -136,27 +136,35 @@ class ExchangeOptions:
             elif rows and id(p) in row_scaled:  # a 1-D row-scaled tensor: rows of one element (exact)
                 blocks.append(Block(p.numel(), p.shape[-1] if p.dim() >= 2 else 1))
             elif self.vector_block and p.dim() <= 1 and p.numel() > self.vector_block:
-                whole = p.numel() // self.vector_block * self.vector_block
-                blocks.append(Block(whole, self.vector_block))
-                if p.numel() > whole:
-                    blocks.append(Block(p.numel() - whole, p.numel() - whole))
+                blocks += _fixed_blocks(p.numel(), self.vector_block)
             elif columns:  # sent transposed: a row of the exchange layout is one column of the matrix
                 blocks.append(Block(p.numel(), p.shape[0]))
             elif self.compression is Compression.per_block and p.numel() > self.block_size:
-                whole = p.numel() // self.block_size * self.block_size
-                blocks.append(Block(whole, self.block_size))
-                if p.numel() > whole:
-                    blocks.append(Block(p.numel() - whole, p.numel() - whole))
+                blocks += _fixed_blocks(p.numel(), self.block_size)
             else:
                 blocks.append(Block(p.numel(), p.numel()))
         if pad:
             blocks.append(Block(pad, pad))
         return blocks
 
+    def layout(
+        self, params: list[Tensor], row_scaled: set[int], padded: int, world_size: int
+    ) -> ScaleLayout | None:
+        """The scale layout of a `padded`-element buffer holding `params` (then zeros), exchanged by
+        `world_size` workers; None: DeepSpeed's (one scale per rank's buffer)."""
+        blocks = self.blocks(params, row_scaled, padded - sum(p.numel() for p in params))
+        return None if blocks is None else ScaleLayout.from_blocks(blocks, padded, world_size)
+
     def transposed(self, params: list[Tensor], row_scaled: set[int]) -> list[bool]:
         """Per tensor: whether it is exchanged transposed (`per_column`: the matrices without row scales)."""
         columns = self.compression is Compression.per_column
         return [columns and p.dim() == 2 and id(p) not in row_scaled for p in params]
+
+
+def _fixed_blocks(numel: int, size: int) -> list[Block]:
+    """`numel` elements in blocks of `size` with one scale each; a shorter remainder gets its own."""
+    whole = numel // size * size
+    return [Block(whole, size)] + ([Block(numel - whole, numel - whole)] if numel > whole else [])
 
 
 @dataclass
@@ -192,8 +200,7 @@ class MomentumSegment:
         buffer = torch.zeros(padded_numel(numel, world_size), dtype=torch.float32, device=device)
         compressor = None
         if world_size > 1:
-            blocks = options.blocks(params, row_scaled, buffer.numel() - numel)
-            layout = None if blocks is None else ScaleLayout.from_blocks(blocks, buffer.numel(), world_size)
+            layout = options.layout(params, row_scaled, buffer.numel(), world_size)
             compressor = CompressedAllreduce(
                 buffer.numel(),
                 group,
