@@ -138,6 +138,10 @@ BYTE_COST_MODES = {
     "per_row_exact_output_bias": dict(compression="per_row", exact_output_bias=True),
     "per_column": dict(compression="per_column"),
     "per_column_vector_block16": dict(compression="per_column", vector_block=16),
+    "per_column_bfloat16": dict(compression="per_column", scale_dtype="bfloat16"),
+    "per_column_exact_vectors_bfloat16": dict(
+        compression="per_column", exact_vectors=True, scale_dtype="bfloat16"
+    ),
 }
 
 
@@ -147,6 +151,7 @@ def byte_cost_records() -> list[Record]:
     from transformers import BertForPreTraining
 
     from pretrain.comm import padded_numel
+    from pretrain.comm.compressed_allreduce import ScaleDtype
     from pretrain.comm.counter import compressed_call_traffic
     from pretrain.model import ModelConfig, ModelSize, bert_config
     from pretrain.optim.onebit import Compression, ExchangeOptions
@@ -175,7 +180,8 @@ def byte_cost_records() -> list[Record]:
             padded = padded_numel(numel, world_size)
             layout = exchange.layout(params, row_scaled, padded, world_size)
             segments = None if layout is None else layout.total_chunk_segments
-            call = compressed_call_traffic(padded, world_size, segments=segments)
+            scale_bytes = ScaleDtype(options.get("scale_dtype", "float32")).bytes
+            call = compressed_call_traffic(padded, world_size, segments=segments, scale_bytes=scale_bytes)
             records.append(
                 Record(
                     name=f"bert_large_compression_bytes_{mode}_n{world_size}",

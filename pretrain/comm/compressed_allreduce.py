@@ -32,7 +32,7 @@ What is communicated per call (n workers, N elements, C = N/n, S segments over a
 - phase 1: ``all_to_all_single`` of the packed worker signs (N/8 uint8, chunk j of C/8 bytes goes to
   the server of chunk j) and of the worker scales of each chunk's segments;
 - phase 2: an all_gather of the n packed server chunks (C/8 uint8 each) and an exchange of the
-  servers' scales (S fp32 over all chunks).
+  servers' scales (S over all chunks, fp32 or bfloat16: ``scale_dtype``).
 
 No collective reduces packed bytes and no PREMUL_SUM is used, so gloo and NCCL both work. With
 n == 1 the call returns the buffer untouched: no compression and no error feedback, exactly as
@@ -120,6 +120,22 @@ class SignScale(str, enum.Enum):
 
     rms = "rms"  # ‖y‖₂/√len (DeepSpeed): ‖Q(y)‖ = ‖y‖
     mean_abs = "mean_abs"  # ‖y‖₁/len: minimises ‖y − s·sign(y)‖₂ for the given signs
+
+
+class ScaleDtype(str, enum.Enum):
+    """How the segment scales travel. ``float32`` (DeepSpeed); ``bfloat16``: every scale is rounded to
+    bfloat16 where it is computed (worker and server alike) and sent in 2 bytes. The error feedback
+    takes the rounded scale (e ← y − round(s)·sign(y)), so the rounding (≤ 2⁻⁹ relative) is returned
+    by later steps like any other compression error; bfloat16 keeps fp32's range, so no scale can
+    overflow or flush to zero. It halves the scales' bytes, which is what makes one scale per element of
+    the 1-D tensors (``exact_vectors``) fit BERT-Large's byte budget."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is ScaleDtype.float32 else 2
 
 
 class ErrorStateMismatch(ValueError):
@@ -217,6 +233,7 @@ class CompressedAllreduce:
         layout: where scales apply (:mod:`pretrain.comm.layout`); default DeepSpeed's single scale.
         virtual_workers: k, the data-parallel workers this process stands for (module docstring).
         sign_scale: ``rms`` (DeepSpeed) or ``mean_abs``.
+        scale_dtype: ``float32`` (DeepSpeed) or ``bfloat16`` (:class:`ScaleDtype`).
     """
 
     def __init__(
@@ -231,6 +248,7 @@ class CompressedAllreduce:
         layout: ScaleLayout | None = None,
         virtual_workers: int = 1,
         sign_scale: SignScale | str = SignScale.rms,
+        scale_dtype: ScaleDtype | str = ScaleDtype.float32,
     ) -> None:
         self.group = group
         if dist.is_available() and dist.is_initialized():
@@ -258,6 +276,8 @@ class CompressedAllreduce:
         self.packer = packer or get_packer(self.device)
         self.traffic = counter or TrafficCounter()
         self.sign_scale = SignScale(sign_scale)
+        self.scale_dtype = ScaleDtype(scale_dtype)
+        self._wire_dtype = torch.bfloat16 if self.scale_dtype is ScaleDtype.bfloat16 else None
         self.layout = layout or ScaleLayout.single_scale(numel, self.world_size)
         if (self.layout.numel, self.layout.world_size) != (numel, self.world_size):
             raise ValueError(
@@ -268,6 +288,7 @@ class CompressedAllreduce:
             self.world_size,
             self.collective_mode is CollectiveMode.ALL_GATHER,
             segments=self.layout.total_chunk_segments,
+            scale_bytes=self.scale_dtype.bytes,
         )
 
         # Persistent state. Empty for n == 1: the identity call has no error feedback.
@@ -398,7 +419,7 @@ class CompressedAllreduce:
     def _compress_worker(self, worker: int, values: torch.Tensor) -> None:
         """Spec §2 steps 1-2: y = x + e_w (held in the error buffer), scales, signs, e_w ← y − Q(y)."""
         error = self._worker_errors[worker].add_(values)
-        scales = self._worker_plan.scales(error, out=self._worker_scales[worker])
+        scales = self._round(self._worker_plan.scales(error, out=self._worker_scales[worker]))
         self.packer.pack(error, out=self._worker_packed[worker])
         # `values` is free scratch from here on
         error.sub_(self._decode(self._worker_packed[worker], scales, self._worker_plan, out=values))
@@ -414,19 +435,18 @@ class CompressedAllreduce:
             return
         if self.collective_mode is CollectiveMode.NATIVE:
             dist.all_to_all_single(self._recv_signs.view(-1), self._send_signs.view(-1), group=self.group)
-            dist.all_to_all_single(
+            self._all_to_all_scales(
                 self._recv_scales,
                 self._send_scales,
-                output_split_sizes=[k * self._local_segments] * processes,
-                input_split_sizes=self._send_scale_splits,
-                group=self.group,
+                [k * self._local_segments] * processes,
+                self._send_scale_splits,
             )
             return
         dist.all_gather(list(self._all_packed.unbind(0)), self._worker_packed, group=self.group)
         n, first = self.world_size, self.rank * k
         per_chunk = self._all_packed.view(processes, k, n, -1)[:, :, first : first + k]
         self._recv_signs.copy_(per_chunk)
-        dist.all_gather(list(self._all_worker_scales.unbind(0)), self._worker_scales, group=self.group)
+        self._all_gather_scales(self._all_worker_scales, self._worker_scales)
         gathered = self._all_worker_scales.view(n, -1).index_select(1, self._my_payload_index)
         self._recv_scales.copy_(gathered.view(-1))
 
@@ -447,7 +467,9 @@ class CompressedAllreduce:
         for source in range(1, n):
             total.add_(contributions[source])
         server_value = self._server_errors[local_chunk].add_(total.div_(n))
-        server_scales = plan.scales(server_value, out=self._server_scales[offset : offset + count])
+        server_scales = self._round(
+            plan.scales(server_value, out=self._server_scales[offset : offset + count])
+        )
         self.packer.pack(server_value, out=self._server_packed[local_chunk])
         quantized = self._decode(self._server_packed[local_chunk], server_scales, plan, out=contributions[0])
         server_value.sub_(quantized)
@@ -462,22 +484,50 @@ class CompressedAllreduce:
                 self._gathered_server_packed.view(-1), self._server_packed.view(-1), group=self.group
             )
             self._replicated_server_scales.view(processes, -1).copy_(self._server_scales)
-            dist.all_to_all_single(
+            self._all_to_all_scales(
                 self._all_server_scales,
                 self._replicated_server_scales,
-                output_split_sizes=self._process_segments,
-                input_split_sizes=[self._local_segments] * processes,
-                group=self.group,
+                self._process_segments,
+                [self._local_segments] * processes,
             )
             return
         gathered = list(self._gathered_server_packed.view(processes, -1).unbind(0))
         dist.all_gather(gathered, self._server_packed.view(-1), group=self.group)
         self._padded_server_scales[: self._local_segments].copy_(self._server_scales)
-        padded = list(self._all_padded_server_scales.unbind(0))
-        dist.all_gather(padded, self._padded_server_scales, group=self.group)
+        self._all_gather_scales(self._all_padded_server_scales, self._padded_server_scales)
         torch.index_select(
             self._all_padded_server_scales.view(-1), 0, self._valid_server_scales, out=self._all_server_scales
         )
+
+    def _round(self, scales: torch.Tensor) -> torch.Tensor:
+        """Round ``scales`` in place to what the wire carries (``scale_dtype``); returns them."""
+        if self._wire_dtype is not None:
+            scales.copy_(scales.to(self._wire_dtype))
+        return scales
+
+    def _all_to_all_scales(
+        self, output: torch.Tensor, send: torch.Tensor, output_splits: list[int], input_splits: list[int]
+    ) -> None:
+        """``all_to_all_single`` of fp32 scale buffers, sent in ``scale_dtype`` (exact: already rounded)."""
+        wire = self._wire_dtype
+        received = output if wire is None else torch.empty(output.shape, dtype=wire, device=self.device)
+        dist.all_to_all_single(
+            received,
+            send if wire is None else send.to(wire),
+            output_split_sizes=output_splits,
+            input_split_sizes=input_splits,
+            group=self.group,
+        )
+        if wire is not None:
+            output.copy_(received)
+
+    def _all_gather_scales(self, output: torch.Tensor, send: torch.Tensor) -> None:
+        """``all_gather`` of ``send`` into the rows of ``output`` (fp32), sent in ``scale_dtype``."""
+        wire = self._wire_dtype
+        received = output if wire is None else torch.empty(output.shape, dtype=wire, device=self.device)
+        dist.all_gather(list(received.unbind(0)), send if wire is None else send.to(wire), group=self.group)
+        if wire is not None:
+            output.copy_(received)
 
     def _decode_output(self, out: torch.Tensor) -> None:
         """Spec §2 step 6: every chunk decoded from its server's signs and scales."""

@@ -17,8 +17,9 @@ For one compressed call on N elements (N a multiple of 8n): two packed-sign coll
 and per server chunk, S = n segments) those are two exchanges of ``4 (n − 1)`` bytes, so
 ``(n − 1)/(4n) · N + 8 (n − 1)`` bytes; the ratio vs fp16 is ``16 / (1 + 32 n / N)`` -> 16 as N grows.
 With S segments over all chunks (per-tensor or per-row scales, `pretrain.comm.layout`) each phase
-sends ``(n − 1)/n · 4 S`` bytes of scales on average per rank (a rank serving an embedding's rows
-sends more, the others less), i.e. ``8 (n − 1)/n · S`` in all. With n == 1 nothing is sent and the
+sends ``(n − 1)/n · b S`` bytes of scales on average per rank (b = 4 for fp32 scales, 2 for
+bfloat16 ones; a rank serving an embedding's rows sends more, the others less), i.e.
+``2 b (n − 1)/n · S`` in all. With n == 1 nothing is sent and the
 peers are zero too.
 """
 
@@ -49,7 +50,7 @@ def ring_allreduce_bytes(numel: int, bytes_per_element: int, world_size: int) ->
 class CallTraffic:
     """Bytes one rank sent in one compressed allreduce call, and what the peers would have sent.
 
-    ``sign_bytes``: the two packed-sign collectives; ``scale_bytes``: the two fp32 scale all_gathers;
+    ``sign_bytes``: the two packed-sign collectives; ``scale_bytes``: the two scale exchanges;
     ``compressed_bytes`` = their sum. ``fp16_ring_bytes``/``fp32_ring_bytes``: a plain ring allreduce
     of the same ``numel`` elements in that precision.
     """
@@ -67,14 +68,19 @@ class CallTraffic:
 
 
 def compressed_call_traffic(
-    numel: int, world_size: int, all_to_all_via_all_gather: bool = False, *, segments: int | None = None
+    numel: int,
+    world_size: int,
+    all_to_all_via_all_gather: bool = False,
+    *,
+    segments: int | None = None,
+    scale_bytes: int = FP32_BYTES,
 ) -> CallTraffic:
     """Traffic of one call on ``numel`` (padded) elements.
 
     ``all_to_all_via_all_gather``: the fallback path where phase 1 all_gathers every rank's whole
     packed buffer instead of an all_to_all, sending ``(n − 1) · N/8`` instead of ``(n − 1)/n · N/8``
     (its scales are counted as on the native path). ``segments``: scales over all chunks (None: n,
-    DeepSpeed's layout).
+    DeepSpeed's layout). ``scale_bytes``: bytes per scale (4: fp32; 2: bfloat16 scales).
     """
     if world_size == 1:
         return CallTraffic(numel, 1, 0.0, 0.0, 0.0, 0.0)
@@ -85,7 +91,7 @@ def compressed_call_traffic(
     else:
         phase_one = all_to_all_bytes(packed_bytes, world_size)
     phase_two = all_gather_bytes(chunk_bytes, world_size)
-    scales = 2 * (world_size - 1) * FP32_BYTES * (segments or world_size) / world_size
+    scales = 2 * (world_size - 1) * scale_bytes * (segments or world_size) / world_size
     return CallTraffic(
         numel=numel,
         world_size=world_size,

@@ -32,20 +32,27 @@ class Quantized:
         return self.scale * self.signs
 
 
-def quantize(values: torch.Tensor, sign_scale: str = "rms") -> Quantized:
+def quantize(values: torch.Tensor, sign_scale: str = "rms", scale_dtype: str = "float32") -> Quantized:
     """The 1-bit quantizer with one scale for the whole tensor (spec §2 "Quantizer"); ``mean_abs``
-    takes ‖y‖₁/len instead of ‖y‖₂/√len."""
+    takes ‖y‖₁/len instead of ‖y‖₂/√len; ``scale_dtype="bfloat16"`` rounds the scale to bfloat16
+    (what travels), and the error is taken against the rounded scale."""
     if sign_scale == "rms":
         scale = torch.linalg.vector_norm(values) / math.sqrt(values.numel())
     else:
         scale = torch.linalg.vector_norm(values, 1) / values.numel()
+    if scale_dtype == "bfloat16":
+        scale = scale.to(torch.bfloat16).to(values.dtype)
     signs = torch.where(values >= 0, 1.0, -1.0).to(values.dtype)
     return Quantized(scale, signs, values - scale * signs)
 
 
-def quantize_segments(values: torch.Tensor, segments: list[tuple[int, int]], sign_scale: str) -> torch.Tensor:
+def quantize_segments(
+    values: torch.Tensor, segments: list[tuple[int, int]], sign_scale: str, scale_dtype: str = "float32"
+) -> torch.Tensor:
     """Q(y) with one scale per (start, length) segment; ``segments`` tile ``values`` in order."""
-    pieces = [quantize(values[start : start + length], sign_scale).value for start, length in segments]
+    pieces = [
+        quantize(values[start : start + length], sign_scale, scale_dtype).value for start, length in segments
+    ]
     return torch.cat(pieces)
 
 
@@ -58,12 +65,18 @@ class ReferenceCompressedAllreduce:
     """
 
     def __init__(
-        self, numel: int, world_size: int, layout: ScaleLayout | None = None, sign_scale: str = "rms"
+        self,
+        numel: int,
+        world_size: int,
+        layout: ScaleLayout | None = None,
+        sign_scale: str = "rms",
+        scale_dtype: str = "float32",
     ) -> None:
         if numel % (8 * world_size) != 0:
             raise ValueError(f"numel {numel} is not a multiple of 8 * {world_size}")
         self.layout = layout
         self.sign_scale = sign_scale
+        self.scale_dtype = scale_dtype
         self.numel = numel
         self.world_size = world_size
         self.chunk_numel = numel // world_size
@@ -86,7 +99,7 @@ class ReferenceCompressedAllreduce:
         # Workers: compress x + e_w with one scale each.
         worker_values = []
         for rank in range(self.world_size):
-            quantized = quantize(inputs[rank] + self.worker_errors[rank], self.sign_scale)
+            quantized = quantize(inputs[rank] + self.worker_errors[rank], self.sign_scale, self.scale_dtype)
             self.worker_errors[rank] = quantized.error
             worker_values.append(quantized)
         self.last_worker_scales = [float(q.scale) for q in worker_values]
@@ -99,7 +112,9 @@ class ReferenceCompressedAllreduce:
             total = self.chunk(worker_values[0].value, server)
             for rank in range(1, self.world_size):
                 total = total + self.chunk(worker_values[rank].value, server)
-            quantized = quantize(total / self.world_size + self.server_errors[server], self.sign_scale)
+            quantized = quantize(
+                total / self.world_size + self.server_errors[server], self.sign_scale, self.scale_dtype
+            )
             self.server_errors[server] = quantized.error
             self.last_server_scales.append(float(quantized.scale))
             output_chunks.append(quantized.value)
@@ -115,7 +130,7 @@ class ReferenceCompressedAllreduce:
         compressed = []
         for rank in range(self.world_size):
             y = inputs[rank] + self.worker_errors[rank]
-            value = quantize_segments(y, worker_segments, self.sign_scale)
+            value = quantize_segments(y, worker_segments, self.sign_scale, self.scale_dtype)
             self.worker_errors[rank] = y - value
             compressed.append(value)
         output_chunks = []
@@ -124,7 +139,7 @@ class ReferenceCompressedAllreduce:
             for rank in range(1, self.world_size):
                 total = total + self.chunk(compressed[rank], server)
             z = total / self.world_size + self.server_errors[server]
-            value = quantize_segments(z, local[server], self.sign_scale)
+            value = quantize_segments(z, local[server], self.sign_scale, self.scale_dtype)
             self.server_errors[server] = z - value
             output_chunks.append(value)
         return torch.cat(output_chunks)

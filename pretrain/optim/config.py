@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pretrain.comm.compressed_allreduce import SignScale
+from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.optim.lamb import LambVariant
 from pretrain.optim.onebit import Compression
 from pretrain.optim.onebit_lamb import TrustRatio
@@ -131,6 +131,9 @@ class _OnebitConfig(OptimizerConfig):
     # > 0: the 1-D tensors (biases, LayerNorm) with one scale per vector_block elements (4/vector_block
     # bytes per element and phase on top of the sign bit); 0: one per tensor. results/cpu-study/README.md
     vector_block: int = 0
+    # how the scales travel: float32 (DeepSpeed) or bfloat16 (rounded where computed, the error feedback takes
+    # the rounding; half the scale bytes: pretrain/comm/compressed_allreduce.py ScaleDtype)
+    scale_dtype: ScaleDtype = ScaleDtype.float32
     # (1-bit LAMB's config defaults to the remedy instead: OnebitLambConfig)
 
     def __post_init__(self) -> None:
@@ -156,6 +159,7 @@ class _OnebitConfig(OptimizerConfig):
             "precondition": self.precondition,
             "local_momentum": self.local_momentum,
             "vector_block": self.vector_block,
+            "scale_dtype": ScaleDtype(self.scale_dtype),
         }
 
     @property
@@ -178,10 +182,13 @@ class OnebitLambConfig(_OnebitConfig):
     # live_clamped (also >= min_coeff) or frozen (DeepSpeed: c̄ x factor); pretrain/optim/onebit_lamb.py
     trust_ratio: TrustRatio = TrustRatio.live
     # The remedy is the default (results/cpu-study/: measured against LAMB and DeepSpeed's algorithm);
-    # DeepSpeed's exactly: compression=deepspeed sign_scale=rms trust_ratio=frozen precondition=false.
+    # DeepSpeed's exactly: compression=deepspeed sign_scale=rms trust_ratio=frozen precondition=false
+    # exact_vectors=false scale_dtype=float32.
     compression: Compression = Compression.per_column
     sign_scale: SignScale = SignScale.mean_abs
     precondition: bool = True
+    exact_vectors: bool = True  # the 1-D tensors exactly, affordable with bfloat16 scales (15.55x vs fp16)
+    scale_dtype: ScaleDtype = ScaleDtype.bfloat16
 
     def __post_init__(self) -> None:
         super().__post_init__()

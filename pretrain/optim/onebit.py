@@ -32,12 +32,17 @@ column of every matrix that reads it, with gradients (and, preconditioned, steps
 other columns': with one scale per tensor its error feedback piles up there (results/cpu-study/).
 BERT-Large: 256K scales, 15.62× less than fp16 (`results/bench/fidelity.json`). It is the default of
 `optim=onebit_lamb` (with `precondition`): final MLM loss / LAMB's 1.011 at 2 ranks and 1.009 at 32
-simulated, against 1.013 / 1.012 with `per_row` (results/cpu-study/README.md).
+simulated, against 1.013 / 1.012 with `per_row`, and 1.007 / 1.008 with the exact vectors below
+(results/cpu-study/README.md).
 `exact_vectors` sends 1-D tensors with one scale per element, i.e. exactly averaged (4 bytes per element
-and phase, like an fp32 ring); `vector_block=b` gives them one scale per b elements instead (4/b bytes per
-element and phase on top of the sign bit): the biases and LayerNorm weights hold elements of very different
-sizes (a LayerNorm gain next to an outlier dimension's), which one scale per tensor cannot deliver, and
-BERT-Large has too many of them (~0.36M) to send exactly within the byte budget alongside `per_column`.
+and phase with fp32 scales, 2 with `scale_dtype=bfloat16`, where the rounding of each scale goes to the
+error feedback like any other compression error); `vector_block=b` gives them one scale per b elements
+instead (4/b bytes per element and phase on top of the sign bit). The biases and LayerNorm weights hold
+elements of very different sizes (a LayerNorm gain next to an outlier dimension's), which one scale per
+tensor cannot deliver; blocks of 16 measured no gain, exact delivery did. With fp32 scales BERT-Large's
+~0.36M such elements cost 15.12× (over the 15.5× budget); with bfloat16 scales 15.55×, so `optim=onebit_lamb`
+sends them exactly with bfloat16 scales (final MLM loss / LAMB's 1.0073 at 2 ranks and 1.0081 at 32
+simulated against 1.0107 / 1.0093 without: results/cpu-study/README.md).
 
 Preconditioned exchange (`precondition=True`): every worker sends m/(√v+ε) instead of m — v the variance
 frozen at freeze_step, so the divisor is the same on every rank and fixed for the whole compression stage —
@@ -81,7 +86,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pretrain.comm import CompressedAllreduce, TrafficCounter, padded_numel
-from pretrain.comm.compressed_allreduce import SignScale
+from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.layout import Block, ScaleLayout
 from pretrain.optim import functional as F
 from pretrain.optim.base import OptimizerBase, evaluate_closure, global_norm
@@ -122,6 +127,7 @@ class ExchangeOptions:
     precondition: bool = False  # exchange m/(√v+ε) with v frozen (module docstring), not m
     local_momentum: bool = False  # workers keep their own momenta; the average only steps (module docstring)
     vector_block: int = 0  # > 0: 1-D tensors with one scale per `vector_block` elements (module docstring)
+    scale_dtype: ScaleDtype = ScaleDtype.float32  # how the scales travel (`pretrain.comm.ScaleDtype`)
 
     def blocks(self, params: list[Tensor], row_scaled: set[int], pad: int) -> list[Block] | None:
         """The scale blocks of a buffer holding `params` then `pad` zeros; None: DeepSpeed's layout."""
@@ -209,6 +215,7 @@ class MomentumSegment:
                 layout=layout,
                 virtual_workers=options.virtual_workers,
                 sign_scale=options.sign_scale,
+                scale_dtype=options.scale_dtype,
             )
         segment = cls(params, buffer, _views_like(buffer, params), buffer[numel:], compressor)
         transposed = options.transposed(params, row_scaled)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pretrain.comm.compressed_allreduce import SignScale
+from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.optim import functional as F
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 
@@ -25,7 +25,7 @@ from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 class OnebitAdam(OnebitOptimizer):
     """1-bit Adam. Defaults as DeepSpeed (spec §4); `exp_avg_mask`, `group` and the exchange options
     (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`, `block_size`, `precondition`,
-    `local_momentum`, `vector_block`) as in `OnebitLamb`."""
+    `local_momentum`, `vector_block`, `scale_dtype`) as in `OnebitLamb`."""
 
     def __init__(
         self,
@@ -45,6 +45,7 @@ class OnebitAdam(OnebitOptimizer):
         precondition: bool = False,
         local_momentum: bool = False,
         vector_block: int = 0,
+        scale_dtype: ScaleDtype | str = ScaleDtype.float32,
     ) -> None:
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         exchange = ExchangeOptions(
@@ -56,6 +57,7 @@ class OnebitAdam(OnebitOptimizer):
             precondition,
             local_momentum,
             vector_block,
+            ScaleDtype(scale_dtype),
         )
         super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
 

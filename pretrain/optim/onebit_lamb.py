@@ -23,10 +23,10 @@ entered it (DeepSpeed uses c̄ as is, which after k updates of a constant c is o
 
 Defaults: this class's arguments are DeepSpeed's algorithm (spec §3: one scale per buffer, RMS sign scale,
 frozen c̄·f), the parity mode. The project's config (`conf/optim/onebit_lamb.yaml`, `OnebitLambConfig`)
-defaults to the remedy instead — `compression=per_row`, `precondition=True`, `sign_scale=mean_abs`,
-`trust_ratio=live` — because
-the CPU study (results/cpu-study/) measured DeepSpeed's algorithm losing to LAMB and diverging on some seeds
-where the remedy did not (spec §3.8 has the mechanism).
+defaults to the remedy instead — `compression=per_column`, `precondition=True`, `sign_scale=mean_abs`,
+`trust_ratio=live`, `exact_vectors=True` with `scale_dtype=bfloat16` — because the CPU study
+(results/cpu-study/) measured DeepSpeed's algorithm losing to LAMB and diverging on some seeds where the
+remedy did not (spec §3.8 has the mechanism), and the remedy within 1 % of LAMB's final MLM loss.
 
 Per-parameter state: step count lives in the param groups; `exp_avg` (view into the flat buffer),
 `exp_avg_sq`, `lamb_coeff_freeze` (c̄), `lamb_coeff_updates` (k), `last_factor`, from step freeze_step
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pretrain.comm.compressed_allreduce import SignScale
+from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.optim import functional as F
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
 
@@ -74,7 +74,7 @@ class OnebitLamb(OnebitOptimizer):
         group: data-parallel process group (None: the default group, or a world of one without
             torch.distributed).
         compression, exact_vectors, sign_scale, virtual_workers, block_size, precondition, local_momentum,
-            vector_block:
+            vector_block, scale_dtype:
             the momentum exchange (`pretrain.optim.onebit`); the defaults are DeepSpeed's algorithm on real
             ranks. `local_momentum` needs a live trust ratio.
         coeff_bias_correction: freeze the bias-corrected c̄ (module docstring).
@@ -105,6 +105,7 @@ class OnebitLamb(OnebitOptimizer):
         precondition: bool = False,
         local_momentum: bool = False,
         vector_block: int = 0,
+        scale_dtype: ScaleDtype | str = ScaleDtype.float32,
         coeff_bias_correction: bool = False,
         trust_ratio: TrustRatio | str = TrustRatio.frozen,
     ) -> None:
@@ -124,6 +125,7 @@ class OnebitLamb(OnebitOptimizer):
             precondition,
             local_momentum,
             vector_block,
+            ScaleDtype(scale_dtype),
         )
         super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
         self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta

@@ -145,6 +145,7 @@ _VARIANT_DEFAULTS = {
     "precondition": False,
     "local_momentum": False,
     "vector_block": 0,
+    "scale_dtype": "float32",
     "sign_scale": "rms",
     "coeff_bias_correction": False,
     "trust_ratio": "frozen",

@@ -5,7 +5,7 @@ several successive calls and compares every rank's output, and the error buffers
 single-process reference of n workers (`pretrain.comm.reference`): both do the same fp32 operations in
 the same order, so with k virtual workers one process gives what k processes give. Layouts: DeepSpeed's
 single scale, and one scale per row of an "embedding" and per tensor (rows split by chunk boundaries
-included), with both sign scales.
+included), with both sign scales, and with scales sent in bfloat16 (`scale_dtype`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,21 @@ UNPADDED = 700
 CALLS = 4
 # (processes, virtual workers per process)
 SHAPES = [(1, 2), (1, 4), (2, 1), (2, 2), (3, 1), (4, 1)]
-CASES = [("single", "rms"), ("blocks", "rms"), ("blocks", "mean_abs")]
+CASES = [
+    ("single", "rms", "float32"),
+    ("blocks", "rms", "float32"),
+    ("blocks", "mean_abs", "float32"),
+    ("single", "rms", "bfloat16"),
+    ("elements", "mean_abs", "bfloat16"),  # the vector with a scale per element, as `exact_vectors`
+]
 
 
 def _layout(kind: str, numel: int, world_size: int) -> ScaleLayout | None:
     if kind == "single":
         return None
     used = 37 * 16 + 13 + 64  # an embedding of 37 rows of 16, a vector, a matrix, then the pad
-    blocks = [Block(37 * 16, 16), Block(13, 13), Block(64, 64), Block(numel - used, numel - used)]
+    vector = Block(13, 1 if kind == "elements" else 13)
+    blocks = [Block(37 * 16, 16), vector, Block(64, 64), Block(numel - used, numel - used)]
     return ScaleLayout.from_blocks(blocks, numel, world_size)
 
 
@@ -48,13 +55,14 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
     numel = padded_numel(UNPADDED, world_size)
     results = {}
     for mode in modes:
-        for kind, sign_scale in CASES:
+        for kind, sign_scale, scale_dtype in CASES:
             engine = CompressedAllreduce(
                 numel,
                 layout=_layout(kind, numel, world_size),
                 virtual_workers=virtual,
                 sign_scale=sign_scale,
                 collective_mode=mode,
+                scale_dtype=scale_dtype,
             )
             outputs = []
             for call in range(CALLS):
@@ -65,7 +73,7 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
                 else:
                     engine(local, out)
                 outputs.append(out.numpy().copy())
-            results[(mode, kind, sign_scale)] = {
+            results[(mode, kind, sign_scale, scale_dtype)] = {
                 "outputs": outputs,
                 "worker_error": engine.worker_error.numpy().copy(),
                 "server_error": engine.server_error.numpy().copy(),
@@ -85,17 +93,17 @@ def test_engine_equals_reference_bitwise(shape_runs):
     processes, virtual, results = shape_runs
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
-    for (mode, kind, sign_scale), _ in results[0].items():
+    for (mode, kind, sign_scale, scale_dtype), _ in results[0].items():
         reference = ReferenceCompressedAllreduce(
-            numel, world_size, _layout(kind, numel, world_size), sign_scale
+            numel, world_size, _layout(kind, numel, world_size), sign_scale, scale_dtype
         )
         for call in range(CALLS):
             expected = reference([_input(call, worker, numel) for worker in range(world_size)]).numpy()
             for rank in range(processes):
-                got = results[rank][(mode, kind, sign_scale)]["outputs"][call]
-                assert np.array_equal(got, expected), (mode, kind, sign_scale, call, rank)
+                got = results[rank][(mode, kind, sign_scale, scale_dtype)]["outputs"][call]
+                assert np.array_equal(got, expected), (mode, kind, sign_scale, scale_dtype, call, rank)
         for rank in range(processes):
-            result = results[rank][(mode, kind, sign_scale)]
+            result = results[rank][(mode, kind, sign_scale, scale_dtype)]
             workers = result["worker_error"].reshape(virtual, numel)
             servers = result["server_error"].reshape(virtual, -1)
             for w in range(virtual):
@@ -107,10 +115,37 @@ def test_per_row_scales_cost_a_few_percent_of_the_signs(shape_runs):
     processes, virtual, results = shape_runs
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
-    single = results[0][("native", "single", "rms")]["bytes"] / CALLS
-    rows = results[0][("native", "blocks", "rms")]["bytes"] / CALLS
+    single = results[0][("native", "single", "rms", "float32")]["bytes"] / CALLS
+    rows = results[0][("native", "blocks", "rms", "float32")]["bytes"] / CALLS
     segments = _layout("blocks", numel, world_size).total_chunk_segments
     assert rows - single == pytest.approx(8 * (world_size - 1) / world_size * (segments - world_size))
+    # bfloat16 scales: 2 bytes each instead of 4, the signs unchanged
+    single_bf16 = results[0][("native", "single", "rms", "bfloat16")]["bytes"] / CALLS
+    assert single - single_bf16 == pytest.approx(4 * (world_size - 1) / world_size * world_size)
+    elements = results[0][("native", "elements", "mean_abs", "bfloat16")]["bytes"] / CALLS
+    segments = _layout("elements", numel, world_size).total_chunk_segments
+    assert elements - single_bf16 == pytest.approx(
+        4 * (world_size - 1) / world_size * (segments - world_size)
+    )
+
+
+def test_bfloat16_scales_round_trip_the_vector_it_sends_per_element():
+    """With a scale per element, bfloat16 scales deliver each element of a first call to within
+    bfloat16 rounding, and the error feedback returns the rounding on the next calls."""
+    numel = padded_numel(UNPADDED, 2)
+    reference = ReferenceCompressedAllreduce(numel, 2, _layout("elements", numel, 2), "mean_abs", "bfloat16")
+    vector = slice(37 * 16, 37 * 16 + 13)
+    inputs = [_input(0, worker, numel) for worker in range(2)]
+    exact = (inputs[0] + inputs[1]) / 2
+    out = reference(inputs)
+    relative = ((out[vector] - exact[vector]).abs() / exact[vector].abs()).max()
+    assert 0 < relative < 2 * 2**-8  # two roundings to bfloat16 (worker, server), each <= 2^-9
+    total_in, total_out = exact.clone(), out.clone()
+    for _ in range(20):  # the same inputs again: the time average of the output converges
+        total_in += exact
+        total_out += reference(inputs)
+    drift = ((total_out[vector] - total_in[vector]).abs() / total_in[vector].abs()).max()
+    assert drift < relative / 5
 
 
 def _check_virtual_buffers(rank: int, world_size: int) -> list[str]:

@@ -7,7 +7,8 @@ tests/integration/test_simulated.py covers the gloo ring's own order), in the co
 real ranks keep their own and the simulated optimizer gets each worker's in `worker_gradient_views`.
 Parameters and replicated state must agree bitwise after every step, for 1-bit LAMB with DeepSpeed's
 exchange, with per-row scales (embedding rows, position mask, exact vectors) and with the preconditioned
-exchange (`precondition`), local momenta (`local_momentum`), per-column and vector-block scales, and for
+exchange (`precondition`), local momenta (`local_momentum`), per-column and vector-block scales, scales
+sent in bfloat16 (`scale_dtype`), and for
 1-bit Adam;
 a checkpoint taken in the compression stage resumes bitwise in fresh processes.
 """
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.distributed
 
 FREEZE_STEP, NUM_STEPS, SAVE_AFTER = 3, 10, 6
 VOCAB, USED = 40, 30
+PER_COLUMN = dict(compression="per_column", sign_scale="mean_abs", trust_ratio="live", precondition=True)
 CONFIGS = {
     "deepspeed": ("onebit_lamb", dict(compression="deepspeed")),
     "per_row": ("onebit_lamb", dict(compression="per_row", exact_vectors=True, coeff_bias_correction=True)),
@@ -48,17 +50,11 @@ CONFIGS = {
         ),
     ),
     "adam_local_momentum": ("onebit_adam", dict(compression="per_tensor", local_momentum=True)),
-    "per_column": (
-        "onebit_lamb",
-        dict(
-            compression="per_column",
-            sign_scale="mean_abs",
-            trust_ratio="live",
-            precondition=True,
-            vector_block=5,  # the 16-element vectors: 3 blocks of 5 and a remainder of 1; the 4: one
-        ),
-    ),
+    # the 16-element vectors: 3 blocks of 5 and a remainder of 1; the 4: one
+    "per_column": ("onebit_lamb", {**PER_COLUMN, "vector_block": 5}),
     "adam_per_column": ("onebit_adam", dict(compression="per_column", vector_block=3)),
+    # exact vectors with their per-element scales sent in bfloat16 (the config default)
+    "per_column_bfloat16": ("onebit_lamb", {**PER_COLUMN, "exact_vectors": True, "scale_dtype": "bfloat16"}),
 }
 
 

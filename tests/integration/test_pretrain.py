@@ -84,6 +84,7 @@ def test_two_ranks_learn_with_identical_replicas(tiny_data: Path, tmp_path: Path
 
 def expected_exchange_bytes(cfg, vocab_size: int, world_size: int) -> float:
     """One compression-stage call's bytes per rank from the counter's formulas on the trainer's layout."""
+    from pretrain.comm.compressed_allreduce import ScaleDtype
     from pretrain.optim.onebit import Compression, ExchangeOptions
     from pretrain.optim.params import param_groups
 
@@ -94,10 +95,15 @@ def expected_exchange_bytes(cfg, vocab_size: int, world_size: int) -> float:
     params = [p for group in groups for p in group["params"]]
     row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
     padded = padded_numel(sum(p.numel() for p in params), world_size)
-    exchange = ExchangeOptions(Compression(cfg.optim.compression))
+    exchange = ExchangeOptions(
+        Compression(cfg.optim.compression), cfg.optim.exact_vectors, vector_block=cfg.optim.vector_block
+    )
     layout = exchange.layout(params, row_scaled, padded, world_size)
     assert layout is not None
-    return compressed_call_traffic(padded, world_size, segments=layout.total_chunk_segments).compressed_bytes
+    scale_bytes = ScaleDtype(cfg.optim.scale_dtype).bytes
+    return compressed_call_traffic(
+        padded, world_size, segments=layout.total_chunk_segments, scale_bytes=scale_bytes
+    ).compressed_bytes
 
 
 def test_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path):

@@ -102,6 +102,7 @@ def test_dry_run_bert_large_64k(tiny_data: Path, tmp_path: Path):
         (["optim.lr=-1"], "optim.lr"),
         (["data_dir=/nonexistent/prepared"], "/nonexistent/prepared/seq128"),
         (["model.max_position_embeddings=256"], "max_position_embeddings"),
+        (["optim.scale_dtype=float16"], "scale_dtype"),
     ],
 )
 def test_config_errors_are_one_line(tiny_data: Path, tmp_path: Path, overrides: list[str], expected: str):

@@ -192,3 +192,16 @@ def test_vector_block_config_key_is_checked():
     assert OnebitLambConfig(vector_block=16).optimizer_kwargs()["vector_block"] == 16
     with pytest.raises(ValueError, match="vector_block"):
         OnebitLambConfig(vector_block=-2)
+
+
+def test_scale_dtype_reaches_the_compressed_allreduce():
+    from pretrain.comm.compressed_allreduce import ScaleDtype
+    from pretrain.optim import OnebitLamb
+    from pretrain.optim.config import OnebitLambConfig
+
+    assert OnebitLambConfig(scale_dtype="bfloat16").optimizer_kwargs()["scale_dtype"] is ScaleDtype.bfloat16
+    assert OnebitLambConfig().optimizer_kwargs()["scale_dtype"] is ScaleDtype(OnebitLambConfig.scale_dtype)
+    optimizer = OnebitLamb([torch.nn.Parameter(torch.zeros(3))], scale_dtype="bfloat16")
+    assert optimizer.exchange.scale_dtype is ScaleDtype.bfloat16 and ScaleDtype.bfloat16.bytes == 2
+    with pytest.raises(ValueError, match="float16"):
+        OnebitLamb([torch.nn.Parameter(torch.zeros(3))], scale_dtype="float16")
