@@ -181,8 +181,13 @@ class EmulatedNetwork:
 
 
 def _finished_at(work: Path, rank: int) -> float:
+    """When the rank's call ended (the system-wide monotonic clock, taken in the rank as the call returned or
+    raised): a file's mtime is too coarse to order a failure and the connection reset it causes."""
     result = work / f"result{rank}.pkl"
-    return result.stat().st_mtime_ns if result.exists() else float("inf")
+    if not result.exists():
+        return float("inf")
+    with open(result, "rb") as f:
+        return pickle.load(f)[2]
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -193,7 +198,7 @@ def _failure(work: Path, rank: int, returncode: int) -> str:
     result = work / f"result{rank}.pkl"
     if result.exists():
         with open(result, "rb") as f:
-            ok, payload = pickle.load(f)
+            ok, payload, _ = pickle.load(f)
         if not ok:
             return f"rank {rank} failed:\n{payload}"
     log = (work / f"rank{rank}.log").read_text(errors="replace")[-4000:]
@@ -202,7 +207,7 @@ def _failure(work: Path, rank: int, returncode: int) -> str:
 
 def _load_result(work: Path, rank: int) -> Any:
     with open(work / f"result{rank}.pkl", "rb") as f:
-        ok, payload = pickle.load(f)
+        ok, payload, _ = pickle.load(f)
     if not ok:
         raise RuntimeError(f"rank {rank} failed:\n{payload}")
     return payload
@@ -252,13 +257,15 @@ def _rank_main(work: Path, rank: int) -> int:
         outcome: tuple[bool, Any] = (True, fn(rank, world_size, *args))
     except BaseException:
         outcome = (False, traceback.format_exc())
+    ended = time.monotonic_ns()  # before the process group goes: its teardown makes the peers fail
+    try:
+        temporary = work / f".result{rank}.pkl.tmp"
+        with open(temporary, "wb") as f:
+            pickle.dump((*outcome, ended), f)
+        os.replace(temporary, work / f"result{rank}.pkl")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    temporary = work / f".result{rank}.pkl.tmp"
-    with open(temporary, "wb") as f:
-        pickle.dump(outcome, f)
-    os.replace(temporary, work / f"result{rank}.pkl")
     return 0 if outcome[0] else 1
 
 
