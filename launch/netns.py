@@ -173,11 +173,23 @@ class EmulatedNetwork:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ranks still running after {timeout:.0f} s; stopped")
             time.sleep(0.2)
-        failed = [rank for rank, p in enumerate(processes) if p.poll() not in (None, 0)]
+        failed = [
+            rank for rank, p in enumerate(processes) if p.poll() not in (None, 0) or _failed(work, rank)
+        ]
         if failed:
-            # One rank's error makes its peers fail too (connection reset): report the first to fail.
+            # One rank's error makes its peers fail too (connection reset), sometimes before the rank at fault
+            # has exited (it writes its result, then tears its process group down): report the first to fail.
             first = min(failed, key=lambda rank: _finished_at(work, rank))
             raise RuntimeError(_failure(work, first, processes[first].returncode))
+
+
+def _failed(work: Path, rank: int) -> bool:
+    """Whether the rank's call raised (its result is written before the process exits)."""
+    result = work / f"result{rank}.pkl"
+    if not result.exists():
+        return False
+    with open(result, "rb") as f:
+        return not pickle.load(f)[0]
 
 
 def _finished_at(work: Path, rank: int) -> float:
