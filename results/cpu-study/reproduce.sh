@@ -27,8 +27,10 @@
 #   columns   seeds x remedy_col (remedy_pre with one scale per input column of every other matrix) at n2, sim32;
 #             seed 1 at n4, sim8, sim64, and with the 1-D tensors exact (remedy_col_exact) at n2
 #   local     seeds x remedy_local (remedy_pre with every worker keeping its own momentum) at n2, sim32
-#   long      seeds x {lamb, remedy_pre} at n2 with conf/batch/cpu_study_long.yaml (3,000 steps, 2,400 of
-#             them compressed: LAMB past the unigram stage); reported apart in results/cpu-study-long/
+#   long      seeds x {lamb, remedy_col_ev16 (the default)} at n2 with conf/batch/cpu_study_long.yaml (3,000
+#             steps, 2,400 of them compressed); reported apart in results/cpu-study-long/ (LONG_ARMS="<arms>")
+#   long_finetune  the long runs' final checkpoints on SST-2 and MRPC (FT_TASKS="sst2" for a subset); the
+#             floor is the `finetune` stage's randomly initialised model
 #   arms      any arms of the table below: ARMS="<arms>" at WORKERS (default n2) for SEEDS with the recipe BATCH
 #             (default cpu_study_b128); not in the default STAGES
 #   report    keep the runs' small files in results/cpu-study/runs/, compare, records
@@ -37,7 +39,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-"1 2 3"}
-STAGES=${STAGES:-"main decomposition output_bias precondition columns local finetune scale pieces batch32 long report"}
+STAGES=${STAGES:-"main decomposition output_bias precondition columns local finetune scale pieces batch32 long long_finetune report"}
 MODEL=${MODEL:-bert_tiny}
 DATA=${DATA:-sample_8k}
 PY=.venv/bin/python
@@ -52,24 +54,26 @@ make --no-print-directory "data/prepared/$DATA/seq128/manifest.json"
 
 declare -A ARM=(
   [lamb]="optim=lamb"
-  [deepspeed]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false"
-  [remedy]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false"
-  [remedy_clamped]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped optim.precondition=false"
-  [per_row]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false"
-  [per_row_live]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false"
-  [per_row_mean_abs]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen optim.precondition=false"
-  [per_tensor_remedy]="optim=onebit_lamb optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false"
-  [deepspeed_live]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false"
+  [deepspeed]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_clamped]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [per_row]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [per_row_live]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [per_row_mean_abs]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [per_tensor_remedy]="optim=onebit_lamb optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [deepspeed_live]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
   [lamb_deepspeed]="optim=lamb optim.variant=deepspeed optim.bias_correction=false optim.max_coeff=10.0"
-  [remedy_bias]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true optim.precondition=false"
-  [remedy_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true optim.precondition=false"
-  [remedy_pre]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true"
-  [remedy_col]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true"
-  [remedy_col_exact]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true"
-  [remedy_pre_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true"
-  [remedy_col_vb16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.vector_block=16"
-  [remedy_col_eps6]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.eps=1e-6"
-  [remedy_local]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true"
+  [remedy_bias]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true optim.precondition=false optim.scale_dtype=float32"
+  [remedy_pre]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_col]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_col_exact]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32"
+  [remedy_pre_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32"
+  [remedy_col_vb16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.vector_block=16 optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_col_ev16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  [remedy_col_bf16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.scale_dtype=bfloat16 optim.exact_vectors=false"
+  [remedy_col_eps6]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.eps=1e-6 optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_local]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true optim.exact_vectors=false optim.scale_dtype=float32"
 )
 
 # pretrain <arm> <workers: n1 | n2 | n4 | sim8 | sim32> <seed> <batch recipe>
@@ -154,7 +158,16 @@ if stage local; then  # the preconditioned remedy with local momenta (no error r
 fi
 if stage long; then  # 7.5x longer (conf/batch/cpu_study_long.yaml): LAMB past the unigram stage
   for seed in $SEEDS; do
-    for arm in ${LONG_ARMS:-lamb remedy_pre}; do pretrain "$arm" n2 "$seed" cpu_study_long; done
+    for arm in ${LONG_ARMS:-lamb remedy_col_ev16}; do pretrain "$arm" n2 "$seed" cpu_study_long; done
+  done
+fi
+if stage long_finetune; then  # the long arm's checkpoints on SST-2 and MRPC (FT_TASKS), against the floor
+  for seed in $SEEDS; do
+    for run in results/runs/cpu-study-long-*-s"$seed"; do
+      [[ -f $run/summary.json ]] || continue
+      diverged "$run" && continue
+      for task in ${FT_TASKS:-sst2 mrpc}; do finetune "$run" "$task" "$seed"; done
+    done
   done
 fi
 if stage arms; then  # ARMS="remedy_col remedy_pre_exact" WORKERS="n2 sim32" SEEDS="1 2 3"
