@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces results/cpu-study/: LAMB against 1-bit LAMB as DeepSpeed has it (`deepspeed`, parity) and with the
 # remedy (`remedy`: per-row scales, the least-squares sign scale, a live trust ratio; `remedy_pre`: the same
-# exchanging m/(sqrt(v)+eps), the config default since; results/cpu-study/README.md),
+# exchanging m/(sqrt(v)+eps); `remedy_col`: that with per-column scales; `remedy_col_ev16`: that with the 1-D
+# tensors exact and bfloat16 scales, the config default; results/cpu-study/README.md),
 # on the shared sample with an 8K vocabulary cut from BERT's
 # (conf/data/sample_8k.yaml), phase 1 (seq 128), at 2 real processes and at 8 and 32 simulated workers
 # (`sim_world_size`, 2 processes x 4 or 16), plus ablations, a batch-32 arm, a 4-process arm and fine-tunes
@@ -23,7 +24,7 @@
 #             sign scale and frozen coefficient), per_row + live, per_row + mean_abs, per_tensor + mean_abs + live,
 #             deepspeed + live, remedy + exact_vectors (PIECES="<arms>" runs a subset)
 #   batch32   seed 1 at batch 32 (4x the steps): lamb, deepspeed, remedy at n2
-#   precondition  seeds x remedy_pre (the remedy exchanging m/(sqrt(v)+eps); the default since) at n2, sim32
+#   precondition  seeds x remedy_pre (the remedy exchanging m/(sqrt(v)+eps); part of the default since) at n2, sim32
 #   columns   seeds x remedy_col (remedy_pre with one scale per input column of every other matrix) at n2, sim32;
 #             seed 1 at n4, sim8, sim64, and with the 1-D tensors exact (remedy_col_exact) at n2
 #   local     seeds x remedy_local (remedy_pre with every worker keeping its own momentum) at n2, sim32
