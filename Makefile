@@ -40,7 +40,7 @@ help:
 	@echo "make test      all tests (SLOW=0 skips the slow tier)"
 	@echo "make prepare   DATA=<sample|tiny|wikipedia_bookcorpus> ARGS='hydra overrides'"
 	@echo "make pretrain  BATCH=<demo|8k|16k|32k|64k> OPT=<lamb|onebit_lamb|adamw|onebit_adam> MODEL=... NPROC=..."
-	@echo "make finetune  TASK=<squad|mrpc|...|glue> CKPT=<run folder or HF folder> FT_NPROC=... ARGS=..."
+	@echo "make finetune  TASK=<squad|mrpc|...|glue> [CKPT=<run folder or HF folder>: default the latest run] FT_NPROC=... ARGS=..."
 	@echo "make compare   STUDY=<name> RUNS='results/runs/a results/runs/b*' -> results/<name>/report.md"
 	@echo "make dashboard W&B workspace spec (ARGS='save=true entity=<team>' creates it)"
 	@echo "make bench     benchmarks -> results/bench/*.json"
@@ -109,16 +109,18 @@ pretrain: setup data/prepared/$(PRETRAIN_DATA)/seq128/manifest.json
 	  data_dir=data/prepared/$(PRETRAIN_DATA) $(ARGS)
 
 # fine-tuning: TASK=<squad|cola|sst2|mrpc|stsb|qqp|mnli|qnli|rte|wnli|glue> CKPT=<pretraining run folder
-# (its newest complete checkpoint's hf/) or any HF BERT folder>; FT_NPROC=N: torchrun data parallel.
+# (its newest complete checkpoint's hf/) or any HF BERT folder>; without CKPT the run under FT_RUNS_DIR whose
+# newest checkpoint was completed last (finetune/latest.py); FT_NPROC=N: torchrun data parallel.
 # TASK=glue is a Hydra multirun over GLUE_TASKS, one task after another.
 TASK       ?= mrpc
 CKPT       ?=
 FT_NPROC   ?=
+FT_RUNS_DIR ?= results/runs
 GLUE_TASKS ?= cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli
 finetune: setup
-	@test -n "$(CKPT)" || { echo "make finetune: set CKPT=<pretraining run folder or HF BERT folder>" >&2; exit 2; }
-	$(if $(FT_NPROC),$(VENV)/bin/torchrun --standalone --nproc-per-node $(FT_NPROC),$(PY)) -m finetune \
-	  $(if $(filter glue,$(TASK)),-m task=$(GLUE_TASKS),task=$(TASK)) model_path=$(CKPT) $(ARGS)
+	@ckpt="$(CKPT)"; if [ -z "$$ckpt" ]; then ckpt=$$($(PY) -m finetune.latest $(FT_RUNS_DIR)) || exit $$?; fi; \
+	set -x; $(if $(FT_NPROC),$(VENV)/bin/torchrun --standalone --nproc-per-node $(FT_NPROC),$(PY)) -m finetune \
+	  $(if $(filter glue,$(TASK)),-m task=$(GLUE_TASKS),task=$(TASK)) model_path="$$ckpt" $(ARGS)
 
 # comparison report: STUDY=<name> (-> results/<name>/) RUNS="<run folders or globs, space-separated>"
 STUDY ?=

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from finetune.latest import NO_RUN
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
@@ -60,5 +62,20 @@ def test_make_demo_smoke(repo_root: Path, tmp_path: Path, shared_data: Path):
     report = (report_dir / "report.md").read_text()
     assert "demo-lamb" in report and "demo-onebit_lamb" in report
     assert (report_dir / "pretrain_loss.png").stat().st_size > 1000
+
+    # `make finetune` as the user types it, without CKPT: the most recent run (the second demo run)
+    out = tmp_path / "latest-mrpc"
+    small = "task.epochs=1 task.max_train_examples=16 task.max_eval_examples=16"
+    make = ["make", "--no-print-directory", "finetune"]
+    command = [*make, "TASK=mrpc", f"FT_RUNS_DIR={runs_dir}", f"ARGS={small} output_dir={out}"]
+    result = subprocess.run(command, cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"using the most recent run {runs_dir / 'demo-onebit_lamb'}" in result.stderr
+    assert json.loads((out / "all_results.json").read_text())["pretraining_run"] == "demo-onebit_lamb"
+    command = [*make, f"FT_RUNS_DIR={tmp_path / 'no-runs'}"]
+    result = subprocess.run(command, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    said = [line for line in result.stderr.splitlines() if "make finetune:" in line]
+    assert said == [NO_RUN.format(runs_dir=tmp_path / "no-runs")]
     # the user's own demo folders were not touched by the smoke run
     assert user_runs_state(repo_root) == before
