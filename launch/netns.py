@@ -183,23 +183,26 @@ class EmulatedNetwork:
             raise RuntimeError(_failure(work, first, processes[first].returncode))
 
 
-def _failed(work: Path, rank: int) -> bool:
-    """Whether the rank's call raised (its result is written before the process exits)."""
+def _result(work: Path, rank: int) -> tuple[bool, Any, int] | None:
+    """(ok, value or traceback, when the call ended) as the rank wrote it; None before it has."""
     result = work / f"result{rank}.pkl"
     if not result.exists():
-        return False
+        return None
     with open(result, "rb") as f:
-        return not pickle.load(f)[0]
+        return pickle.load(f)
+
+
+def _failed(work: Path, rank: int) -> bool:
+    """Whether the rank's call raised (its result is written before the process exits)."""
+    result = _result(work, rank)
+    return result is not None and not result[0]
 
 
 def _finished_at(work: Path, rank: int) -> float:
     """When the rank's call ended (the system-wide monotonic clock, taken in the rank as the call returned or
     raised): a file's mtime is too coarse to order a failure and the connection reset it causes."""
-    result = work / f"result{rank}.pkl"
-    if not result.exists():
-        return float("inf")
-    with open(result, "rb") as f:
-        return pickle.load(f)[2]
+    result = _result(work, rank)
+    return float("inf") if result is None else result[2]
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -207,19 +210,18 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 def _failure(work: Path, rank: int, returncode: int) -> str:
-    result = work / f"result{rank}.pkl"
-    if result.exists():
-        with open(result, "rb") as f:
-            ok, payload, _ = pickle.load(f)
-        if not ok:
-            return f"rank {rank} failed:\n{payload}"
+    result = _result(work, rank)
+    if result is not None and not result[0]:
+        return f"rank {rank} failed:\n{result[1]}"
     log = (work / f"rank{rank}.log").read_text(errors="replace")[-4000:]
     return f"rank {rank} exited with code {returncode}; its output ends:\n{log}"
 
 
 def _load_result(work: Path, rank: int) -> Any:
-    with open(work / f"result{rank}.pkl", "rb") as f:
-        ok, payload, _ = pickle.load(f)
+    result = _result(work, rank)
+    if result is None:
+        raise FileNotFoundError(work / f"result{rank}.pkl")
+    ok, payload, _ = result
     if not ok:
         raise RuntimeError(f"rank {rank} failed:\n{payload}")
     return payload

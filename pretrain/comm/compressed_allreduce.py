@@ -278,6 +278,7 @@ class CompressedAllreduce:
         self.sign_scale = SignScale(sign_scale)
         self.scale_dtype = ScaleDtype(scale_dtype)
         self._wire_dtype = torch.bfloat16 if self.scale_dtype is ScaleDtype.bfloat16 else None
+        self._wire_buffers: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}  # `_wire_buffer`
         self.layout = layout or ScaleLayout.single_scale(numel, self.world_size)
         if (self.layout.numel, self.layout.world_size) != (numel, self.world_size):
             raise ValueError(
@@ -499,34 +500,45 @@ class CompressedAllreduce:
             self._all_padded_server_scales.view(-1), 0, self._valid_server_scales, out=self._all_server_scales
         )
 
+    def _wire_buffer(self, like: torch.Tensor) -> torch.Tensor:
+        """A ``scale_dtype`` buffer shaped like the fp32 scale buffer ``like``, allocated at its first use and
+        reused by every later call (keyed by ``like``'s memory and shape: the scale buffers never change)."""
+        key = (like.data_ptr(), tuple(like.shape))
+        buffer = self._wire_buffers.get(key)
+        if buffer is None:
+            buffer = torch.empty(like.shape, dtype=self._wire_dtype, device=self.device)
+            self._wire_buffers[key] = buffer
+        return buffer
+
     def _round(self, scales: torch.Tensor) -> torch.Tensor:
         """Round ``scales`` in place to what the wire carries (``scale_dtype``); returns them."""
         if self._wire_dtype is not None:
-            scales.copy_(scales.to(self._wire_dtype))
+            scales.copy_(self._wire_buffer(scales).copy_(scales))
         return scales
 
     def _all_to_all_scales(
         self, output: torch.Tensor, send: torch.Tensor, output_splits: list[int], input_splits: list[int]
     ) -> None:
         """``all_to_all_single`` of fp32 scale buffers, sent in ``scale_dtype`` (exact: already rounded)."""
-        wire = self._wire_dtype
-        received = output if wire is None else torch.empty(output.shape, dtype=wire, device=self.device)
+        wire = self._wire_dtype is not None
+        received = self._wire_buffer(output) if wire else output
         dist.all_to_all_single(
             received,
-            send if wire is None else send.to(wire),
+            self._wire_buffer(send).copy_(send) if wire else send,
             output_split_sizes=output_splits,
             input_split_sizes=input_splits,
             group=self.group,
         )
-        if wire is not None:
+        if wire:
             output.copy_(received)
 
     def _all_gather_scales(self, output: torch.Tensor, send: torch.Tensor) -> None:
         """``all_gather`` of ``send`` into the rows of ``output`` (fp32), sent in ``scale_dtype``."""
-        wire = self._wire_dtype
-        received = output if wire is None else torch.empty(output.shape, dtype=wire, device=self.device)
-        dist.all_gather(list(received.unbind(0)), send if wire is None else send.to(wire), group=self.group)
-        if wire is not None:
+        wire = self._wire_dtype is not None
+        received = self._wire_buffer(output) if wire else output
+        sent = self._wire_buffer(send).copy_(send) if wire else send
+        dist.all_gather(list(received.unbind(0)), sent, group=self.group)
+        if wire:
             output.copy_(received)
 
     def _decode_output(self, out: torch.Tensor) -> None:

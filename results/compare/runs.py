@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import gzip
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -112,6 +113,8 @@ def load_local_runs(patterns: Iterable[str], root: Path = REPO_ROOT) -> list[Run
 
 def load_run_folder(folder: Path) -> Run:
     metrics = folder / "metrics.jsonl"
+    if not metrics.is_file() and (folder / "metrics.jsonl.gz").is_file():  # a committed copy, compressed
+        metrics = folder / "metrics.jsonl.gz"
     if not metrics.is_file():
         raise CompareError(f"{folder}: no metrics.jsonl (not a pretraining run folder)")
     records = read_metrics(metrics)
@@ -175,10 +178,12 @@ def _variant(optim: dict[str, Any]) -> str:
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    """metrics.jsonl -> records sorted by step. A resumed run re-logs the steps after its last checkpoint:
-    the later record of a step wins. Non-finite values (logged as strings) become floats."""
+    """metrics.jsonl (or metrics.jsonl.gz) -> records sorted by step. A resumed run re-logs the steps
+    after its last checkpoint: the later record of a step wins. Non-finite values (logged as strings)
+    become floats."""
     by_step: dict[int, dict[str, float]] = {}
-    with path.open(encoding="utf-8") as file:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as file:
         for line_number, line in enumerate(file, 1):
             if not line.strip():
                 continue

@@ -227,6 +227,8 @@ if stage report; then
     for file in metrics.jsonl summary.json config.yaml; do
       [[ -f $run_dir/$file ]] && cp "$run_dir/$file" "$keep/"
     done
+    # long runs' metrics (every 5 steps, with diagnostics) pass 1 MiB: kept compressed (results.compare reads both)
+    if (( $(stat -c %s "$keep/metrics.jsonl") > 1048576 )); then gzip -n -9 "$keep/metrics.jsonl"; fi
     (cd "$run_dir" && find finetune -name all_results.json -exec cp --parents {} "../../../$keep/" \;) || true
   done
   $PY -m results.compare study=cpu-study 'runs=[results/cpu-study/runs/cpu-study-b*]' final_window=10

@@ -277,6 +277,18 @@ def test_resumed_run_keeps_the_later_record_and_nonfinite_values(tmp_path: Path)
     assert math.isnan(loaded[2]["mlm_loss"])
 
 
+def test_a_compressed_metrics_file_loads_like_the_plain_one(tmp_path: Path):
+    import gzip
+
+    folder = write_run(tmp_path, "r-lamb", "lamb", 1, LAMB_1)
+    (plain,) = load_local_runs(["r-lamb"], root=tmp_path)
+    metrics = folder / "metrics.jsonl"
+    (folder / "metrics.jsonl.gz").write_bytes(gzip.compress(metrics.read_bytes()))
+    metrics.unlink()
+    (compressed,) = load_local_runs(["r-lamb"], root=tmp_path)
+    assert compressed.records == plain.records and len(plain.records) == len(LAMB_1)
+
+
 def test_globs_deduplicate_and_missing_config_is_inferred(tmp_path: Path):
     write_run(tmp_path, "a-lamb", "lamb", 1, LAMB_1)
     write_run(tmp_path, "b8-onebit_lamb-bert_tiny", "onebit_lamb", 1, ONEBIT_1, config=False)
