@@ -13,6 +13,9 @@ Writes results/bench/comm.json. Records:
   plain gloo fp32 ``dist.all_reduce`` (+ division by n) of the same buffer, alternated in the same
   processes, one thread each. On loopback the wire is nearly free, so this measures the compute
   cost of compression; the saving shows on bandwidth-limited networks (spec §7, DeepSpeed #2305).
+- ``compression_ns_per_element_n2``: the same compressed call per buffer element, with the fused numba
+  passes (the CPU default, ``pretrain/comm/kernels.py``) against the torch-op passes (the reference),
+  timed alternately in the same processes. Target <= 2.5 ns (issue #15).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def _traffic_worker(rank: int, world_size: int, numel: int, num_calls: int) -> d
 
 def _timing_worker(rank: int, world_size: int, numel: int, repeats: int) -> dict[str, Any]:
     padded = padded_numel(numel, world_size)
-    engine = CompressedAllreduce(padded)
+    engine = CompressedAllreduce(padded, kernels="numba")
+    torch_engine = CompressedAllreduce(padded, kernels="torch")
     source = torch.randn(padded, generator=torch.Generator().manual_seed(rank))
     buffer = torch.empty_like(source)
 
@@ -70,13 +74,24 @@ def _timing_worker(rank: int, world_size: int, numel: int, repeats: int) -> dict
     def compressed_allreduce() -> None:
         engine(buffer)
 
+    def compressed_torch_kernels() -> None:
+        torch_engine(buffer)
+
     timed(plain_allreduce)
-    timed(compressed_allreduce)  # warm-up: first-touch page faults, table caches
-    compressed, plain = [], []
-    for _ in range(repeats):  # alternated so that machine drift hits both alike
+    timed(compressed_allreduce)  # warm-up: first-touch page faults, table caches, numba's compile
+    timed(compressed_torch_kernels)
+    compressed, plain, torch_kernels = [], [], []
+    for _ in range(repeats):  # alternated so that machine drift hits all alike
         compressed.append(timed(compressed_allreduce))
         plain.append(timed(plain_allreduce))
-    return {"compressed": compressed, "plain": plain, "numel": padded, "mode": engine.collective_mode.value}
+        torch_kernels.append(timed(compressed_torch_kernels))
+    return {
+        "compressed": compressed,
+        "plain": plain,
+        "torch_kernels": torch_kernels,
+        "numel": padded,
+        "mode": engine.collective_mode.value,
+    }
 
 
 def _traffic_records(numel: int, num_calls: int) -> list[Record]:
@@ -126,30 +141,53 @@ def _traffic_records(numel: int, num_calls: int) -> list[Record]:
     return records
 
 
-def _timing_record(numel: int, repeats: int, note: str) -> Record:
+def _timing_records(numel: int, repeats: int, note: str) -> list[Record]:
     results = run_local(_timing_worker, TIMING_WORLD_SIZE, (numel, repeats))
     # Per repeat, the slower rank's time (they differ only by barrier skew).
     compressed = [max(times) for times in zip(*(result["compressed"] for result in results))]
     plain = [max(times) for times in zip(*(result["plain"] for result in results))]
-    return Record(
-        f"compressed_allreduce_seconds_n{TIMING_WORLD_SIZE}",
-        statistics.median(compressed),
-        "s",
-        peer="gloo fp32 dist.all_reduce + divide by n (same buffer, same processes)",
-        peer_value=statistics.median(plain),
-        target="informational on loopback: the wire is nearly free, so compression compute dominates",
+    torch_kernels = [max(times) for times in zip(*(result["torch_kernels"] for result in results))]
+    padded = results[0]["numel"]
+    per_element = Record(
+        f"compression_ns_per_element_n{TIMING_WORLD_SIZE}",
+        statistics.median(compressed) / padded * 1e9,
+        "ns/element",
+        peer="the same call with the torch-op passes (kernels=torch), same processes, alternated",
+        peer_value=statistics.median(torch_kernels) / padded * 1e9,
+        target="value <= 2.5 ns (issue #15); ratio < 1: the fused passes are faster",
         config={
             "world_size": TIMING_WORLD_SIZE,
-            "numel_padded": results[0]["numel"],
-            "buffer_MB": results[0]["numel"] * 4 / 1e6,
+            "numel_padded": padded,
             "repeats": repeats,
             "threads_per_process": 1,
-            "collective_mode": results[0]["mode"],
-            "compressed_seconds": compressed,
-            "plain_seconds": plain,
+            "what": "one compressed call on loopback (compute + loopback collectives) / buffer elements",
+            "fused_seconds": compressed,
+            "torch_kernels_seconds": torch_kernels,
             "note": note,
         },
     )
+    return [
+        per_element,
+        Record(
+            f"compressed_allreduce_seconds_n{TIMING_WORLD_SIZE}",
+            statistics.median(compressed),
+            "s",
+            peer="gloo fp32 dist.all_reduce + divide by n (same buffer, same processes); fused passes",
+            peer_value=statistics.median(plain),
+            target="informational on loopback: the wire is nearly free, so compression compute dominates",
+            config={
+                "world_size": TIMING_WORLD_SIZE,
+                "numel_padded": results[0]["numel"],
+                "buffer_MB": results[0]["numel"] * 4 / 1e6,
+                "repeats": repeats,
+                "threads_per_process": 1,
+                "collective_mode": results[0]["mode"],
+                "compressed_seconds": compressed,
+                "plain_seconds": plain,
+                "note": note,
+            },
+        ),
+    ]
 
 
 def main(argv: list[str]) -> None:
@@ -165,7 +203,7 @@ def main(argv: list[str]) -> None:
     else:
         note = f"reduced size {numel:,} (BERT-Large would be {BERT_LARGE_NUMEL:,})"
     records = _traffic_records(QUICK_NUMEL // 16 if args.quick else TRAFFIC_NUMEL, num_calls=2)
-    records.append(_timing_record(numel, args.repeats, note))
+    records.extend(_timing_records(numel, args.repeats, note))
     write_records("comm", records)
 
 

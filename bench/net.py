@@ -53,11 +53,16 @@ BUFFER_NUMEL = {"bert_base": 110_000_000, "bert_large": 336_000_000}
 RATES = ("none", "10gbit", "1gbit")  # "none" first: it doubles as the warm-up rate (cheap)
 WORLD_SIZES = (2, 4)
 OPERATIONS = ("fp32", "fp16", "compressed")
+# The same compressed call with the torch-op passes (kernels=torch) instead of the fused numba ones: the
+# peer of issue #15's fusion, timed in the same processes where a second engine fits in memory.
+TORCH_KERNELS = "compressed_torch"
 QUICK_NUMEL = 4_000_000
 GIB = 1024**3
-# Per element of the buffer, per rank: fp32 buffer 4, worker error 4, packed send/receive 3/8, the packer's
-# scratch ~1.63 (bool mask, shifted bytes, int32 indices); + server error 4/n. Plus the interpreter + torch.
-_BYTES_PER_ELEMENT = 4 + 4 + 0.375 + 1.63
+# Per element of the buffer, per rank: fp32 buffer 4, worker error 4, packed send/receive 3/8; + server
+# error 4/n. The torch-kernels peer engine adds its own errors (4 + 4/n), packed buffers and the torch
+# packer's scratch ~1.63 (bool mask, shifted bytes, int32 indices). Plus the interpreter + torch.
+_BYTES_PER_ELEMENT = 4 + 4 + 0.375
+_TORCH_PEER_BYTES_PER_ELEMENT = 4 + 0.375 + 1.63
 _BASE_PROCESS_BYTES = 0.4 * GIB
 _MEMORY_MARGIN = 2 * GIB
 RATE_BITS = {"1gbit": 1e9, "10gbit": 1e10, "none": None}
@@ -77,23 +82,29 @@ def rate_bits_per_s(rate: str) -> float | None:
 # ----------------------------------------------------------------------------------------- part 1
 
 
-def estimated_rank_bytes(numel: int, world_size: int) -> float:
+def estimated_rank_bytes(numel: int, world_size: int, torch_peer: bool = False) -> float:
     """Peak memory of one allreduce-benchmark rank (see _BYTES_PER_ELEMENT)."""
-    return numel * (_BYTES_PER_ELEMENT + 4 / world_size) + _BASE_PROCESS_BYTES
+    per_element = _BYTES_PER_ELEMENT + 4 / world_size
+    if torch_peer:
+        per_element += _TORCH_PEER_BYTES_PER_ELEMENT + 4 / world_size
+    return numel * per_element + _BASE_PROCESS_BYTES
 
 
 def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _allreduce_worker(rank: int, world_size: int, numel: int, rates: list[str], repeats: int) -> dict:
-    """Runs inside a rank's namespace: times the three operations at each rate, with byte counts."""
+def _allreduce_worker(
+    rank: int, world_size: int, numel: int, rates: list[str], repeats: int, operation_names: list[str]
+) -> dict:
+    """Runs inside a rank's namespace: times the operations at each rate, with byte counts."""
     padded = padded_numel(numel, world_size)
     generator = torch.Generator().manual_seed(rank)
     buffer = torch.empty(padded).uniform_(-1, 1, generator=generator)
     # fp16 view on the first half of the fp32 storage: no second buffer (memory), refilled before use.
     half = buffer.view(torch.float16)[:padded]
     engine = CompressedAllreduce(padded)
+    torch_engine = CompressedAllreduce(padded, kernels="torch") if TORCH_KERNELS in operation_names else None
 
     def fp32() -> None:
         dist.all_reduce(buffer)
@@ -106,7 +117,15 @@ def _allreduce_worker(rank: int, world_size: int, numel: int, rates: list[str], 
     def compressed() -> None:
         engine(buffer)
 
-    operations: dict[str, Callable[[], None]] = {"fp32": fp32, "fp16": fp16, "compressed": compressed}
+    def compressed_torch() -> None:
+        torch_engine(buffer)  # type: ignore[misc]
+
+    operations: dict[str, Callable[[], None]] = {
+        "fp32": fp32,
+        "fp16": fp16,
+        "compressed": compressed,
+        TORCH_KERNELS: compressed_torch,
+    }
     model_bytes = {
         "fp32": ring_allreduce_bytes(padded, 4, world_size),
         "fp16": ring_allreduce_bytes(padded, 2, world_size),
@@ -122,7 +141,10 @@ def _allreduce_worker(rank: int, world_size: int, numel: int, rates: list[str], 
         dist.barrier()  # the slowest rank defines the collective's time
         seconds = time.perf_counter() - start
         after = interface_counters()
-        counted = engine.traffic.last_call.compressed_bytes if name == "compressed" else model_bytes[name]
+        if name == TORCH_KERNELS:
+            counted = torch_engine.traffic.last_call.compressed_bytes  # type: ignore[union-attr]
+        else:
+            counted = engine.traffic.last_call.compressed_bytes if name == "compressed" else model_bytes[name]
         return {
             "seconds": seconds,
             "model_bytes": float(counted),  # type: ignore[union-attr]
@@ -135,12 +157,12 @@ def _allreduce_worker(rank: int, world_size: int, numel: int, rates: list[str], 
         if rank == 0:
             set_rate_from_rank(rate)
         dist.barrier()
-        if index == 0:  # warm-up: first-touch page faults, gloo connections, packer scratch
-            for name in OPERATIONS:
+        if index == 0:  # warm-up: first-touch page faults, gloo connections, packer scratch, numba
+            for name in operation_names:
                 measure(name)
-        results[rate] = {name: [] for name in OPERATIONS}
-        for _ in range(repeats):  # alternated so that machine drift hits all three alike
-            for name in OPERATIONS:
+        results[rate] = {name: [] for name in operation_names}
+        for _ in range(repeats):  # alternated so that machine drift hits all alike
+            for name in operation_names:
                 results[rate][name].append(measure(name))
     dist.barrier()
     copy_bandwidth = None
@@ -181,9 +203,15 @@ def _allreduce_records(
         )
         print(f"[bench net] {reason}", flush=True)
         return [Record(f"skipped_{label}", 0.0, "skipped", config={"reason": reason})]
+    operations = list(OPERATIONS)
+    with_peer = estimated_rank_bytes(numel, world_size, torch_peer=True) * world_size
+    if with_peer <= available - _MEMORY_MARGIN:
+        operations.append(TORCH_KERNELS)
+    else:
+        print(f"[bench net] {label}: no torch-kernels peer (needs ~{with_peer / GIB:.1f} GiB)", flush=True)
     started = time.perf_counter()
     with EmulatedNetwork(world_size, rates[0]) as network:
-        per_rank = network.run(_allreduce_worker, (numel, rates, repeats))
+        per_rank = network.run(_allreduce_worker, (numel, rates, repeats, operations))
     run_seconds = time.perf_counter() - started
     first = per_rank[0]
     base_config: dict[str, Any] = {
@@ -202,14 +230,14 @@ def _allreduce_records(
     }
     records = []
     for rate in rates:
-        seconds = {name: _slowest(per_rank, rate, name, "seconds") for name in OPERATIONS}
+        seconds = {name: _slowest(per_rank, rate, name, "seconds") for name in operations}
         medians = {name: statistics.median(values) for name, values in seconds.items()}
         wire = {
             name: {
                 key: statistics.median(_slowest(per_rank, rate, name, key))
                 for key in ("model_bytes", "tx_bytes", "qdisc_sent_bytes")
             }
-            for name in OPERATIONS
+            for name in operations
         }
         nominal = rate_bits_per_s(rate)
         breakdown = {
@@ -220,7 +248,7 @@ def _allreduce_records(
                 "model_goodput_Gbit_s": wire[name]["model_bytes"] * 8 / medians[name] / 1e9,
                 "wire_seconds_at_rate": (wire[name]["model_bytes"] * 8 / nominal) if nominal else None,
             }
-            for name in OPERATIONS
+            for name in operations
         }
         config = {
             **base_config,
@@ -242,6 +270,18 @@ def _allreduce_records(
                     peer_value=medians[peer],
                     target=target or "informational",
                     config={**config, "speedup": medians[peer] / medians["compressed"]},
+                )
+            )
+        if TORCH_KERNELS in operations:
+            records.append(
+                Record(
+                    f"allreduce_seconds_compressed_fused_vs_torch_kernels_{label}_{rate}",
+                    medians["compressed"],
+                    "s",
+                    peer="the same compressed call with the torch-op passes (kernels=torch), same processes",
+                    peer_value=medians[TORCH_KERNELS],
+                    target="ratio < 1: the fused passes (pretrain/comm/kernels.py) are faster",
+                    config=config,
                 )
             )
         if nominal is not None:
@@ -280,7 +320,8 @@ def _allreduce_records(
 
 # ----------------------------------------------------------------------------------------- part 2
 
-VARIANTS = ("lamb", "onebit_lamb", "no_comm")
+# lamb_bf16: LAMB with gradients averaged in bfloat16 (optim.grad_allreduce), the fair GPU baseline (#15)
+VARIANTS = ("lamb", "lamb_bf16", "onebit_lamb", "no_comm")
 
 
 def _train_worker(
@@ -328,6 +369,7 @@ def _train_worker(
                 "batch.phases.0.steps=100000",
                 # 1-bit LAMB: one warmup step, then the compression stage; the others have no freeze_step.
                 f"batch.phases.0.freeze_step={1 if variant == 'onebit_lamb' else 'null'}",
+                *(["optim.grad_allreduce=bfloat16"] if variant == "lamb_bf16" else []),
             ]
             with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
                 cfg = to_object(compose(config_name="pretrain", overrides=overrides))
@@ -442,6 +484,15 @@ def _e2e_records(
             peer="LAMB (fp32 gradient allreduce), same ranks, rate and data",
             peer_value=results["lamb"]["samples_per_s"],
             target="ratio >= 2.8",
+            config=config,
+        ),
+        Record(
+            f"e2e_samples_per_s_onebit_lamb_vs_bf16_lamb_{label}",
+            onebit,
+            "samples/s",
+            peer="LAMB, bfloat16 gradient allreduce (optim.grad_allreduce=bfloat16), same ranks and rate",
+            peer_value=results["lamb_bf16"]["samples_per_s"],
+            target="informational: 1-bit LAMB against the baseline GPU users run (issue #15)",
             config=config,
         ),
         Record(

@@ -511,8 +511,8 @@ def report(
         "- Networks (bandwidth, per-message latency alpha): "
         + ", ".join(f"{n.name} {n.gbit_per_s:g} Gbit/s, {n.alpha_s * 1e6:g} us" for n in NETWORKS)
         + "; the measured eta applies to all.",
-        "- LAMB's baseline allreduces fp16 gradients (as DeepSpeed's and NVIDIA's mixed-precision LAMB); this",
-        "  repository's DDP hook allreduces fp32, which would double LAMB's communication.",
+        "- LAMB's baseline allreduces 16-bit gradients (as DeepSpeed's and NVIDIA's mixed-precision LAMB, and",
+        "  this repository's `optim.grad_allreduce=bfloat16`); its default fp32 allreduce doubles that.",
         "- Latency is modelled (alpha terms), not emulated: netem is not available on these kernels.",
         f"- The recipes' steps and freeze_step (conf/batch/*.yaml); 64k: freeze_step {freeze} of {total} steps",
         f"  (warmup fraction {freeze / total:.3f}), phase 2 entirely compressed.",

@@ -17,6 +17,7 @@ from omegaconf import MISSING, OmegaConf
 import data.config  # noqa: F401 - registers the repo_root/shared_data resolvers
 import pretrain.optim.config  # noqa: F401 - registers the optim/*_schema nodes
 from pretrain.model import ModelConfig
+from pretrain.optim.config import GradAllreduce
 from pretrain.optim.schedule import ScheduleConfig
 
 
@@ -145,6 +146,12 @@ class TrainConfig:
         if self.sim_world_size > 1 and self.precision is Precision.fp16:
             raise ValueError(
                 "sim_world_size > 1 needs precision fp32 or bf16 (fp16 loss scales are per rank)"
+            )
+        grad_allreduce = GradAllreduce(getattr(self.optim, "grad_allreduce", GradAllreduce.float32))
+        if self.sim_world_size > 1 and grad_allreduce is not GradAllreduce.float32:
+            raise ValueError(
+                "optim.grad_allreduce: simulated workers (sim_world_size > 1) average gradients in float32; "
+                "use real ranks to measure a bfloat16/float16 gradient allreduce"
             )
         if self.max_steps is not None and self.max_steps < 0:
             raise ValueError("max_steps must be >= 0 or null")

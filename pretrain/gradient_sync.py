@@ -5,6 +5,10 @@ plain DDP does). 1-bit compression stage (`optimizer.needs_gradient_allreduce` i
 returns the local bucket untouched, so gradients are never communicated; the optimizer exchanges the
 compressed momentum instead. The trainer sets `enabled` before each step from the optimizer.
 
+`dtype` (`optim.grad_allreduce`): float32 averages exactly; bfloat16/float16 cast each bucket, divide
+it by n, allreduce that and copy it back, as DDP's `bf16_compress_hook`/`fp16_compress_hook` do (half
+the bytes: the fair baseline on GPUs, issue #15).
+
 At log steps (`measure=True`) the hook also records this rank's squared gradient norm before
 averaging, which with the averaged norm gives the gradient noise scale (McCandlish et al. 2018).
 
@@ -25,9 +29,10 @@ from pretrain.comm.counter import ring_allreduce_bytes
 
 
 class GradientSync:
-    def __init__(self, group: dist.ProcessGroup | None, world_size: int):
+    def __init__(self, group: dist.ProcessGroup | None, world_size: int, dtype: torch.dtype = torch.float32):
         self.group = group
         self.world_size = world_size
+        self.dtype = dtype
         self.enabled = True
         self.communicate = True  # benchmark-only: False skips the allreduce on every step (see above)
         self.measure = False
@@ -51,8 +56,10 @@ class GradientSync:
 
     @property
     def bytes_sent(self) -> float:
-        """Bytes this rank put on the wire this step (fp32 ring allreduce model)."""
-        return ring_allreduce_bytes(self.numel, 4, self.world_size) if self.world_size > 1 else 0.0
+        """Bytes this rank put on the wire this step (ring allreduce model, in `dtype`)."""
+        if self.world_size == 1:
+            return 0.0
+        return ring_allreduce_bytes(self.numel, self.dtype.itemsize, self.world_size)
 
     @staticmethod
     def hook(state: "GradientSync", bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -66,11 +73,15 @@ class GradientSync:
         if state.first_launch is None:
             state.first_launch = time.perf_counter()
         state.numel += buffer.numel()
-        buffer.div_(state.world_size)
-        work = dist.all_reduce(buffer, group=state.group, async_op=True)
+        if buffer.dtype == state.dtype:
+            sent = buffer.div_(state.world_size)
+        else:  # DDP's compression hooks: cast, divide, allreduce, cast back into the bucket
+            sent = buffer.to(state.dtype).div_(state.world_size)
+        work = dist.all_reduce(sent, group=state.group, async_op=True)
 
         def done(fut: torch.futures.Future) -> torch.Tensor:
             state.last_done = time.perf_counter()
-            return fut.value()[0]
+            reduced = fut.value()[0]
+            return reduced if reduced is buffer else buffer.copy_(reduced)
 
         return work.get_future().then(done)

@@ -49,6 +49,7 @@ from pretrain.metrics import (
 )
 from pretrain.model import PretrainingObjective, build_model
 from pretrain.optim import build_optimizer, needs_gradient_allreduce, param_groups
+from pretrain.optim.config import GradAllreduce
 from pretrain.optim.schedule import build_scheduler
 from pretrain.phase_data import PhaseData, phase_folder
 from pretrain.precision import DynamicLossScaler, NoScaler
@@ -92,7 +93,8 @@ class Trainer:
         self.model = build_model(cfg.model, vocab_size, env.device)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.precision = _resolve_precision(cfg.precision, env.device)
-        self.sync = GradientSync(None, env.world_size)
+        grad_dtype = getattr(torch, GradAllreduce(cfg.optim.grad_allreduce).value)
+        self.sync = GradientSync(None, env.world_size, grad_dtype)
         objective: torch.nn.Module = PretrainingObjective(self.model)
         if cfg.model.compile:
             objective = torch.compile(objective)  # type: ignore[assignment]
@@ -326,7 +328,7 @@ class Trainer:
         """Bytes a worker sent averaging gradients this step (a simulated run: what its workers would)."""
         if self.simulated is None:
             return self.sync.bytes_sent
-        return ring_allreduce_bytes(self.num_params, 4, self.workers)
+        return ring_allreduce_bytes(self.num_params, self.sync.dtype.itemsize, self.workers)
 
     # -- metrics ---------------------------------------------------------------------------------------
     def _count(

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.comm.counter import TrafficCounter, compressed_call_traffic
+from pretrain.comm.kernels import get_kernels
 from pretrain.comm.layout import Run, ScaleLayout
 from pretrain.comm.packing import BITS_PER_BYTE, SignPacker, get_packer
 
@@ -217,8 +218,9 @@ class CompressedAllreduce:
     allocated and calls are the identity.
 
     Memory per process, N = numel: errors k·4N + k·4N/n bytes; packed send/receive (2k + 1)·N/8 bytes
-    (plus k·n·N/8 in ALL_GATHER mode); the scales (4 bytes per segment, a few times); the torch
-    packer's reused scratch ~1.6N bytes. The caller's buffer doubles as fp32 scratch during the call.
+    (plus k·n·N/8 in ALL_GATHER mode); the scales (4 bytes per segment, a few times); with the torch
+    kernels, the packer's reused scratch ~1.6N bytes (the numba kernels need none). The caller's buffer
+    doubles as fp32 scratch during the call.
 
     Byte accounting (``traffic``): what one of n real ranks sends per call, also with virtual workers
     (the figure of the run being simulated); segment scales are counted at their average per rank.
@@ -234,6 +236,8 @@ class CompressedAllreduce:
         virtual_workers: k, the data-parallel workers this process stands for (module docstring).
         sign_scale: ``rms`` (DeepSpeed) or ``mean_abs``.
         scale_dtype: ``float32`` (DeepSpeed) or ``bfloat16`` (:class:`ScaleDtype`).
+        kernels: the elementwise passes (:mod:`pretrain.comm.kernels`): ``auto`` (default; fused numba
+            loops on CPU, torch ops elsewhere), ``torch`` (the reference) or ``numba``. Same bits either way.
     """
 
     def __init__(
@@ -249,6 +253,7 @@ class CompressedAllreduce:
         virtual_workers: int = 1,
         sign_scale: SignScale | str = SignScale.rms,
         scale_dtype: ScaleDtype | str = ScaleDtype.float32,
+        kernels: str | None = None,
     ) -> None:
         self.group = group
         if dist.is_available() and dist.is_initialized():
@@ -274,6 +279,7 @@ class CompressedAllreduce:
         self.device = torch.device(device)
         self.collective_mode = CollectiveMode(collective_mode or default_collective_mode(group))
         self.packer = packer or get_packer(self.device)
+        self.kernels = get_kernels(self.device, self.packer, kernels)
         self.traffic = counter or TrafficCounter()
         self.sign_scale = SignScale(sign_scale)
         self.scale_dtype = ScaleDtype(scale_dtype)
@@ -409,21 +415,12 @@ class CompressedAllreduce:
         self._decode_output(out)
         return out
 
-    def _decode(self, packed: torch.Tensor, scales: torch.Tensor, plan: _RunPlan, out: torch.Tensor):
-        """out ← the values that ``packed`` signs and ``scales`` encode under ``plan``."""
-        if plan.one_segment:
-            return self.packer.unpack_scaled(packed.view(1, -1), scales, out=out)
-        self.packer.unpack(packed, out=out)
-        plan.apply(out, scales)
-        return out
-
     def _compress_worker(self, worker: int, values: torch.Tensor) -> None:
         """Spec §2 steps 1-2: y = x + e_w (held in the error buffer), scales, signs, e_w ← y − Q(y)."""
         error = self._worker_errors[worker].add_(values)
         scales = self._round(self._worker_plan.scales(error, out=self._worker_scales[worker]))
-        self.packer.pack(error, out=self._worker_packed[worker])
         # `values` is free scratch from here on
-        error.sub_(self._decode(self._worker_packed[worker], scales, self._worker_plan, out=values))
+        self.kernels.compress_(error, scales, self._worker_plan, self._worker_packed[worker], scratch=values)
 
     def _exchange_worker_chunks(self) -> None:
         """Phase 1: chunk j's signs and worker scales go to the process serving chunk j."""
@@ -458,22 +455,18 @@ class CompressedAllreduce:
         offset = self._local_offsets[local_chunk]
         signs = self._recv_signs[:, :, local_chunk].reshape(n, -1)
         scales = self._recv_scales.view(n, self._local_segments)[:, offset : offset + count]
-        contributions = scratch[: n * self.chunk_numel].view(n, self.chunk_numel)
-        if plan.one_segment:
-            self.packer.unpack_scaled(signs, scales.reshape(n), out=contributions)
-        else:
-            self.packer.unpack(signs, out=contributions)
-            plan.apply_rows(contributions, scales)
-        total = contributions[0]
-        for source in range(1, n):
-            total.add_(contributions[source])
-        server_value = self._server_errors[local_chunk].add_(total.div_(n))
+        server_value = self._server_errors[local_chunk]
+        self.kernels.accumulate_(server_value, signs, scales, plan, scratch=scratch[: n * self.chunk_numel])
         server_scales = self._round(
             plan.scales(server_value, out=self._server_scales[offset : offset + count])
         )
-        self.packer.pack(server_value, out=self._server_packed[local_chunk])
-        quantized = self._decode(self._server_packed[local_chunk], server_scales, plan, out=contributions[0])
-        server_value.sub_(quantized)
+        self.kernels.compress_(
+            server_value,
+            server_scales,
+            plan,
+            self._server_packed[local_chunk],
+            scratch=scratch[: self.chunk_numel],
+        )
 
     def _exchange_server_chunks(self) -> None:
         """Phase 2: every process receives every chunk's server signs and scales."""
@@ -544,14 +537,9 @@ class CompressedAllreduce:
     def _decode_output(self, out: torch.Tensor) -> None:
         """Spec §2 step 6: every chunk decoded from its server's signs and scales."""
         signs = self._gathered_server_packed.view(self.world_size, -1)
-        if self.layout.single:
-            self.packer.unpack_scaled(signs, self._all_server_scales, out=out)
-            return
-        self.packer.unpack(signs, out=out)
-        chunks = out.view(self.world_size, self.chunk_numel)
-        for chunk, plan in enumerate(self._chunk_plans):
-            offset = self._chunk_scale_offsets[chunk]
-            plan.apply(chunks[chunk], self._all_server_scales[offset : offset + plan.num_segments])
+        self.kernels.decode_chunks_(
+            signs, self._all_server_scales, self._chunk_plans, self._chunk_scale_offsets, out
+        )
 
     def _check_call(
         self, buffer: torch.Tensor, out: torch.Tensor | None

@@ -5,7 +5,9 @@ several successive calls and compares every rank's output, and the error buffers
 single-process reference of n workers (`pretrain.comm.reference`): both do the same fp32 operations in
 the same order, so with k virtual workers one process gives what k processes give. Layouts: DeepSpeed's
 single scale, and one scale per row of an "embedding" and per tensor (rows split by chunk boundaries
-included), with both sign scales, and with scales sent in bfloat16 (`scale_dtype`).
+included), with both sign scales, and with scales sent in bfloat16 (`scale_dtype`). Each case runs with
+both implementations of the elementwise passes (`pretrain.comm.kernels`: torch ops and the fused numba
+loops), which must both equal the reference bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tests.distributed.launcher import run_distributed
 pytestmark = pytest.mark.distributed
 
 UNPADDED = 700
+KERNELS = ("torch", "numba")
 CALLS = 4
 # (processes, virtual workers per process)
 SHAPES = [(1, 2), (1, 4), (2, 1), (2, 2), (3, 1), (4, 1)]
@@ -54,7 +57,7 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
     results = {}
-    for mode in modes:
+    for mode, kernels in [(mode, kernels) for mode in modes for kernels in KERNELS]:
         for kind, sign_scale, scale_dtype in CASES:
             engine = CompressedAllreduce(
                 numel,
@@ -63,7 +66,9 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
                 sign_scale=sign_scale,
                 collective_mode=mode,
                 scale_dtype=scale_dtype,
+                kernels=kernels,
             )
+            assert engine.kernels.name == kernels
             outputs = []
             for call in range(CALLS):
                 local = torch.stack([_input(call, rank * virtual + w, numel) for w in range(virtual)])
@@ -73,7 +78,7 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
                 else:
                     engine(local, out)
                 outputs.append(out.numpy().copy())
-            results[(mode, kind, sign_scale, scale_dtype)] = {
+            results[(mode, kernels, kind, sign_scale, scale_dtype)] = {
                 "outputs": outputs,
                 "worker_error": engine.worker_error.numpy().copy(),
                 "server_error": engine.server_error.numpy().copy(),
@@ -93,17 +98,25 @@ def test_engine_equals_reference_bitwise(shape_runs):
     processes, virtual, results = shape_runs
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
-    for (mode, kind, sign_scale, scale_dtype), _ in results[0].items():
+    for (mode, kernels, kind, sign_scale, scale_dtype), _ in results[0].items():
         reference = ReferenceCompressedAllreduce(
             numel, world_size, _layout(kind, numel, world_size), sign_scale, scale_dtype
         )
         for call in range(CALLS):
             expected = reference([_input(call, worker, numel) for worker in range(world_size)]).numpy()
             for rank in range(processes):
-                got = results[rank][(mode, kind, sign_scale, scale_dtype)]["outputs"][call]
-                assert np.array_equal(got, expected), (mode, kind, sign_scale, scale_dtype, call, rank)
+                got = results[rank][(mode, kernels, kind, sign_scale, scale_dtype)]["outputs"][call]
+                assert np.array_equal(got, expected), (
+                    mode,
+                    kernels,
+                    kind,
+                    sign_scale,
+                    scale_dtype,
+                    call,
+                    rank,
+                )
         for rank in range(processes):
-            result = results[rank][(mode, kind, sign_scale, scale_dtype)]
+            result = results[rank][(mode, kernels, kind, sign_scale, scale_dtype)]
             workers = result["worker_error"].reshape(virtual, numel)
             servers = result["server_error"].reshape(virtual, -1)
             for w in range(virtual):
@@ -115,14 +128,14 @@ def test_per_row_scales_cost_a_few_percent_of_the_signs(shape_runs):
     processes, virtual, results = shape_runs
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
-    single = results[0][("native", "single", "rms", "float32")]["bytes"] / CALLS
-    rows = results[0][("native", "blocks", "rms", "float32")]["bytes"] / CALLS
+    single = results[0][("native", "numba", "single", "rms", "float32")]["bytes"] / CALLS
+    rows = results[0][("native", "numba", "blocks", "rms", "float32")]["bytes"] / CALLS
     segments = _layout("blocks", numel, world_size).total_chunk_segments
     assert rows - single == pytest.approx(8 * (world_size - 1) / world_size * (segments - world_size))
     # bfloat16 scales: 2 bytes each instead of 4, the signs unchanged
-    single_bf16 = results[0][("native", "single", "rms", "bfloat16")]["bytes"] / CALLS
+    single_bf16 = results[0][("native", "numba", "single", "rms", "bfloat16")]["bytes"] / CALLS
     assert single - single_bf16 == pytest.approx(4 * (world_size - 1) / world_size * world_size)
-    elements = results[0][("native", "elements", "mean_abs", "bfloat16")]["bytes"] / CALLS
+    elements = results[0][("native", "numba", "elements", "mean_abs", "bfloat16")]["bytes"] / CALLS
     segments = _layout("elements", numel, world_size).total_chunk_segments
     assert elements - single_bf16 == pytest.approx(
         4 * (world_size - 1) / world_size * (segments - world_size)

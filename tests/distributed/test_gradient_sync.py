@@ -1,4 +1,5 @@
-"""GradientSync's benchmark-only `communicate = False` switch: the hook keeps each rank's own gradient."""
+"""GradientSync: the benchmark-only `communicate = False` switch keeps each rank's own gradient, and the
+bfloat16/float16 allreduce (`optim.grad_allreduce`) averages what DDP's compression hooks average."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ def _gradients(rank: int, world_size: int) -> dict:
     return {communicate: _one_step(rank, world_size, communicate) for communicate in (True, False)}
 
 
-def _one_step(rank: int, world_size: int, communicate: bool) -> dict:
+def _one_step(rank: int, world_size: int, communicate: bool, dtype: torch.dtype = torch.float32) -> dict:
     torch.manual_seed(0)  # the same initial weights on every rank
     model = torch.nn.Linear(4, 3)
-    sync = GradientSync(None, world_size)
+    sync = GradientSync(None, world_size, dtype)
     sync.communicate = communicate
     ddp = DistributedDataParallel(model)
     ddp.register_comm_hook(sync, GradientSync.hook)
@@ -41,3 +42,24 @@ def test_communicate_false_skips_the_allreduce():
         np.testing.assert_allclose(result["grad"], result["local"], rtol=1e-6)
         assert result["bytes"] == 0.0
     assert not np.allclose(skipped[0]["grad"], skipped[1]["grad"])
+
+
+def _low_precision(rank: int, world_size: int) -> dict:
+    return {
+        dtype: _one_step(rank, world_size, True, getattr(torch, dtype)) for dtype in ("bfloat16", "float16")
+    }
+
+
+def test_low_precision_allreduce_is_ddps_compression_hook_at_half_the_bytes():
+    results = run_local(_low_precision, 2)
+    exact = run_local(_gradients, 2)[0][True]
+    for dtype in ("bfloat16", "float16"):
+        synced = [r[dtype] for r in results]
+        np.testing.assert_array_equal(synced[0]["grad"], synced[1]["grad"])
+        # each rank's gradient cast, divided by n, summed in that dtype (two terms: exact up to one rounding)
+        parts = [torch.from_numpy(r["local"]).to(getattr(torch, dtype)).div_(2) for r in synced]
+        expected = (parts[0] + parts[1]).float().numpy()
+        np.testing.assert_array_equal(synced[0]["grad"], expected)
+        assert not np.array_equal(synced[0]["grad"], exact["grad"])  # it did round
+        np.testing.assert_allclose(synced[0]["grad"], exact["grad"], rtol=1e-2)
+        assert synced[0]["bytes"] == exact["bytes"] / 2

@@ -151,3 +151,8 @@ def test_quick_allreduce_measurement_is_rate_limited_and_counts_bytes(tmp_path):
     assert wire.config["counter_ratio"] == pytest.approx(1 / 32, rel=0.01)
     assert 1 / 40 < wire.ratio < 1 / 25  # measured on the wire, headers included
     assert limited["compressed"]["model_bytes_per_rank"] == pytest.approx(numel / 8, rel=0.01)
+    # the torch-kernels peer of the fused passes ran in the same processes and sent the same bytes
+    compressed_bytes = limited["compressed"]["model_bytes_per_rank"]
+    assert limited["compressed_torch"]["model_bytes_per_rank"] == compressed_bytes
+    fused_vs_torch = records["allreduce_seconds_compressed_fused_vs_torch_kernels_quick_n2_1gbit"]
+    assert fused_vs_torch.peer_value > 0

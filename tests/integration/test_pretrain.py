@@ -34,12 +34,14 @@ def overrides(data: Path, run_dir: Path, optim: str, *extra: str) -> list[str]:
     return tiny_run_overrides(data, run_dir, optim, "batch.phases.0.lr=5e-3", *extra)
 
 
-@pytest.mark.parametrize("optim", ["lamb", "onebit_lamb", "onebit_adam"])
+@pytest.mark.parametrize("optim", ["lamb", "lamb_bf16", "onebit_lamb", "onebit_adam"])
 def test_two_ranks_learn_with_identical_replicas(tiny_data: Path, tmp_path: Path, optim: str):
     run_dir = tmp_path / optim
     # Adam without bias correction needs an Adam-sized LR, not the recipe's LAMB one (DeepSpeed: 4e-4)
     # (1e-3 diverges after freeze_step on some trained tiny vocabularies, which differ run to run)
     lr = ["batch.phases.0.lr=4e-4"] if optim == "onebit_adam" else []
+    if optim == "lamb_bf16":  # LAMB with gradients averaged in bfloat16 (the fair GPU baseline, #15)
+        optim, lr = "lamb", ["optim.grad_allreduce=bfloat16"]
     results = run_local(train_worker, 2, (overrides(tiny_data, run_dir, optim, "max_steps=24", *lr),))
     assert results[0]["digest"] == results[1]["digest"], "replicas diverged"
     metrics = read_metrics(run_dir)
@@ -51,15 +53,17 @@ def test_two_ranks_learn_with_identical_replicas(tiny_data: Path, tmp_path: Path
     # from run to run: HF's WordPiece trainer is not deterministic, issue #17); an unlearning run stays ~0
     required = 0.05 if optim == "onebit_adam" else 0.2
     assert last < first - required, f"MLM loss did not fall: {first:.3f} -> {last:.3f}"
-    cfg = compose_train_config(overrides(tiny_data, run_dir, optim))
+    cfg = compose_train_config(overrides(tiny_data, run_dir, optim, *lr))
     lamb_step = metrics[0]["bytes_lamb_cumulative"]
     vocab_size = len(load_prepared_tokenizer(tiny_data / "seq128"))
     num_params = sum(p.numel() for p in build_model(cfg.model, vocab_size, torch.device("cpu")).parameters())
     assert lamb_step == pytest.approx(ring_allreduce_bytes(num_params, 4, 2))
     assert metrics[-1]["bytes_lamb_cumulative"] == pytest.approx(24 * lamb_step)
-    if optim == "lamb":
+    if optim == "lamb":  # fp32 gradients: the LAMB-equivalent bytes; bfloat16: half of them
+        half = cfg.optim.grad_allreduce != "float32"
+        assert half == (run_dir.name == "lamb_bf16")
         assert metrics[-1]["bytes_cumulative"] == pytest.approx(
-            metrics[-1]["bytes_lamb_cumulative"], rel=1e-3
+            metrics[-1]["bytes_lamb_cumulative"] / (2 if half else 1), rel=1e-3
         )
         return
     freeze = cfg.batch.phases[0].freeze_step

@@ -103,6 +103,8 @@ def test_dry_run_bert_large_64k(tiny_data: Path, tmp_path: Path):
         (["data_dir=/nonexistent/prepared"], "/nonexistent/prepared/seq128"),
         (["model.max_position_embeddings=256"], "max_position_embeddings"),
         (["optim.scale_dtype=float16"], "scale_dtype"),
+        (["optim.grad_allreduce=int8"], "grad_allreduce"),
+        (["sim_world_size=2", "optim.grad_allreduce=bfloat16"], "optim.grad_allreduce: simulated workers"),
     ],
 )
 def test_config_errors_are_one_line(tiny_data: Path, tmp_path: Path, overrides: list[str], expected: str):

@@ -1,0 +1,346 @@
+"""The compressed allreduce's elementwise passes, fused (issue #15): one pass over memory per step.
+
+Three operations make up the engine's arithmetic besides the scales' norms (which stay torch's
+``vector_norm`` in both implementations, so the scales, and with them every result, are the same):
+
+- ``compress_(values, scales, plan, packed)``: packed ← the signs of ``values`` (bit 1 for ``>= 0``,
+  MSB first, :mod:`pretrain.comm.packing`), and ``values ← values − s·sign(values)`` with s the scale of
+  each element's segment: a worker's (or a server's) pack-and-error-feedback step.
+- ``accumulate_(error, signs, scales, plan)``: ``error ← error + (Σ_i s_i·sign_i) / n`` over the n
+  sources in worker order (the server's average of the decoded worker chunks, plus its error).
+- ``decode_(packed, scales, plan, out)``: ``out ← s·sign``.
+
+Two implementations compute identical bits (tested on random buffers, layouts, 2–4 workers):
+
+- :class:`TorchKernels`: torch ops, any device; the reference. Each operation is several passes
+  (compare, eight shift-or passes, a table gather, multiply, subtract).
+- :class:`NumbaKernels`: CPU only, one loop per operation over the layout's runs, compiled by numba
+  (LLVM, no C++ compiler needed; IEEE float32 arithmetic in the reference's order, no fast-math).
+  ``compress_`` reads and writes the buffer once (8 bytes per element plus 1/8 written) where the torch
+  path moves about 60.
+
+:func:`get_kernels` is the one place that chooses: numba for CPU buffers when it imports, torch
+otherwise (CUDA, or no numba: the fallback needs nothing beyond torch). ``BERT_LAMB_COMM_KERNELS=torch``
+forces the reference, e.g. to rule the fused path out when debugging.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from pretrain.comm.packing import SignPacker, _sign_table
+
+if TYPE_CHECKING:
+    from pretrain.comm.compressed_allreduce import _RunPlan
+
+KERNELS_ENV = "BERT_LAMB_COMM_KERNELS"
+KERNEL_CHOICES = ("auto", "torch", "numba")
+
+
+class CompressionKernels(abc.ABC):
+    """The engine's elementwise passes (module docstring). ``plan`` describes where each scale applies."""
+
+    name: str
+
+    @abc.abstractmethod
+    def compress_(
+        self,
+        values: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        packed: torch.Tensor,
+        scratch: torch.Tensor,
+    ) -> None:
+        """packed ← signs(values); values ← values − scale·sign(values). ``values`` 1-D fp32; ``scratch``:
+        fp32 the length of ``values`` that may be overwritten."""
+
+    @abc.abstractmethod
+    def accumulate_(
+        self,
+        error: torch.Tensor,
+        signs: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        scratch: torch.Tensor,
+    ) -> None:
+        """error ← error + (Σ_i decode(signs[i], scales[i])) / n. signs [n, bytes], scales [n, segments];
+        ``scratch``: n · len(error) fp32 that may be overwritten."""
+
+    @abc.abstractmethod
+    def decode_(self, packed: torch.Tensor, scales: torch.Tensor, plan: _RunPlan, out: torch.Tensor) -> None:
+        """out ← decode(packed, scales) under ``plan``."""
+
+    def decode_chunks_(
+        self,
+        signs: torch.Tensor,
+        scales: torch.Tensor,
+        plans: list[_RunPlan],
+        offsets: list[int],
+        out: torch.Tensor,
+    ) -> None:
+        """out (n chunks of equal length) ← chunk j decoded from signs[j] and its scales
+        ``scales[offsets[j] : offsets[j] + plans[j].num_segments]``."""
+        chunks = out.view(len(plans), -1)
+        for chunk, plan in enumerate(plans):
+            offset = offsets[chunk]
+            self.decode_(signs[chunk], scales[offset : offset + plan.num_segments], plan, chunks[chunk])
+
+
+class TorchKernels(CompressionKernels):
+    """The reference: torch ops through a :class:`~pretrain.comm.packing.SignPacker` (any device)."""
+
+    name = "torch"
+
+    def __init__(self, packer: SignPacker) -> None:
+        self.packer = packer
+
+    def decode_(self, packed: torch.Tensor, scales: torch.Tensor, plan: _RunPlan, out: torch.Tensor) -> None:
+        if plan.one_segment:
+            self.packer.unpack_scaled(packed.view(1, -1), scales.reshape(1), out=out)
+            return
+        self.packer.unpack(packed.reshape(-1), out=out)
+        plan.apply(out, scales)
+
+    def compress_(
+        self,
+        values: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        packed: torch.Tensor,
+        scratch: torch.Tensor,
+    ) -> None:
+        self.packer.pack(values, out=packed)
+        self.decode_(packed, scales, plan, scratch)
+        values.sub_(scratch)
+
+    def accumulate_(
+        self,
+        error: torch.Tensor,
+        signs: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        scratch: torch.Tensor,
+    ) -> None:
+        n, length = signs.shape[0], error.numel()
+        contributions = scratch[: n * length].view(n, length)
+        if plan.one_segment:
+            self.packer.unpack_scaled(signs, scales.reshape(n), out=contributions)
+        else:
+            self.packer.unpack(signs.reshape(-1), out=contributions.view(-1))
+            plan.apply_rows(contributions, scales)
+        total = contributions[0]
+        for source in range(1, n):
+            total.add_(contributions[source])
+        error.add_(total.div_(n))
+
+    def decode_chunks_(
+        self,
+        signs: torch.Tensor,
+        scales: torch.Tensor,
+        plans: list[_RunPlan],
+        offsets: list[int],
+        out: torch.Tensor,
+    ) -> None:
+        if all(plan.one_segment for plan in plans):  # one gather for all chunks (one scale each)
+            self.packer.unpack_scaled(signs, scales, out=out)
+            return
+        self.packer.unpack(signs.reshape(-1), out=out)
+        chunks = out.view(len(plans), -1)
+        for chunk, plan in enumerate(plans):
+            offset = offsets[chunk]
+            plan.apply(chunks[chunk], scales[offset : offset + plan.num_segments])
+
+
+def _run_tables(plan: _RunPlan) -> np.ndarray:
+    """[runs, 4] int64: start, rows, row_length, index of the run's first scale."""
+    table, position = [], 0
+    for run in plan.runs:
+        table.append((run.start, run.rows, run.row_length, position))
+        position += run.rows
+    return np.asarray(table, dtype=np.int64).reshape(-1, 4)
+
+
+@functools.cache
+def _numba_functions() -> dict[str, Any]:
+    """The numba kernels, compiled on first use (cached on disk by numba where it can write)."""
+    import numba
+
+    jit = functools.partial(numba.njit, cache=True, boundscheck=False, nogil=True)
+
+    @jit
+    def compress(values, packed, runs, scales):
+        # Elements in buffer order (the runs tile it); a byte is written once its 8th sign is in.
+        acc = 0
+        for r in range(runs.shape[0]):
+            start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
+            for row in range(rows):
+                s = scales[first + row]
+                i, end = start + row * length, start + (row + 1) * length
+                while i < end and (i & 7) != 0:  # up to the next byte boundary
+                    v = values[i]
+                    positive = v >= 0
+                    acc = ((acc << 1) | positive) & 0xFF
+                    values[i] = v - s if positive else v + s
+                    if (i & 7) == 7:
+                        packed[i >> 3] = acc
+                    i += 1
+                whole = (end - i) >> 3
+                for b in range(i >> 3, (i >> 3) + whole):  # whole bytes (a counted loop: vectorised)
+                    byte = 0
+                    for j in range(8):
+                        v = values[8 * b + j]
+                        positive = v >= 0
+                        byte = (byte << 1) | positive
+                        values[8 * b + j] = v - s if positive else v + s
+                    packed[b] = byte
+                i += 8 * whole
+                while i < end:  # the rest of the row
+                    v = values[i]
+                    positive = v >= 0
+                    acc = ((acc << 1) | positive) & 0xFF
+                    values[i] = v - s if positive else v + s
+                    if (i & 7) == 7:
+                        packed[i >> 3] = acc
+                    i += 1
+
+    @jit
+    def accumulate(error, signs, runs, scales, count, table):
+        # total = c_0 + c_1 + … (worker order), then error + total / n: the reference's order. c_i =
+        # s_i · (±1) from the sign table, exact; whole bytes are 8-wide vector operations.
+        sources = signs.shape[0]
+        for r in range(runs.shape[0]):
+            start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
+            for row in range(rows):
+                segment = first + row
+                i, end = start + row * length, start + (row + 1) * length
+                while i < end:
+                    if (i & 7) == 0 and i + 8 <= end:  # a whole byte: eight lanes
+                        byte = i >> 3
+                        s, b = scales[0, segment], signs[0, byte]
+                        t0, t1, t2, t3 = s * table[b, 0], s * table[b, 1], s * table[b, 2], s * table[b, 3]
+                        t4, t5, t6, t7 = s * table[b, 4], s * table[b, 5], s * table[b, 6], s * table[b, 7]
+                        for source in range(1, sources):
+                            s, b = scales[source, segment], signs[source, byte]
+                            t0, t1 = t0 + s * table[b, 0], t1 + s * table[b, 1]
+                            t2, t3 = t2 + s * table[b, 2], t3 + s * table[b, 3]
+                            t4, t5 = t4 + s * table[b, 4], t5 + s * table[b, 5]
+                            t6, t7 = t6 + s * table[b, 6], t7 + s * table[b, 7]
+                        error[i], error[i + 1] = error[i] + t0 / count, error[i + 1] + t1 / count
+                        error[i + 2], error[i + 3] = error[i + 2] + t2 / count, error[i + 3] + t3 / count
+                        error[i + 4], error[i + 5] = error[i + 4] + t4 / count, error[i + 5] + t5 / count
+                        error[i + 6], error[i + 7] = error[i + 6] + t6 / count, error[i + 7] + t7 / count
+                        i += 8
+                        continue
+                    byte, j = i >> 3, i & 7
+                    total = scales[0, segment] * table[signs[0, byte], j]
+                    for source in range(1, sources):
+                        total = total + scales[source, segment] * table[signs[source, byte], j]
+                    error[i] = error[i] + total / count
+                    i += 1
+
+    @jit
+    def decode(packed, runs, scales, out, table):
+        for r in range(runs.shape[0]):
+            start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
+            for row in range(rows):
+                s = scales[first + row]
+                i, end = start + row * length, start + (row + 1) * length
+                while i < end:
+                    if (i & 7) == 0 and i + 8 <= end:
+                        row_of_table = packed[i >> 3]
+                        for j in range(8):
+                            out[i + j] = s * table[row_of_table, j]
+                        i += 8
+                        continue
+                    out[i] = s * table[packed[i >> 3], i & 7]
+                    i += 1
+
+    return {"compress": compress, "accumulate": accumulate, "decode": decode}
+
+
+class NumbaKernels(CompressionKernels):
+    """Fused CPU loops (numba), bitwise equal to :class:`TorchKernels`. CPU tensors only."""
+
+    name = "numba"
+
+    def __init__(self) -> None:
+        self._functions = _numba_functions()
+        self._tables: dict[int, np.ndarray] = {}
+        # row b: the ±1 that byte b decodes to, MSB first (the torch packer's table)
+        self._signs = _sign_table(torch.float32, torch.device("cpu")).numpy()
+
+    def _runs(self, plan: _RunPlan) -> np.ndarray:
+        table = self._tables.get(id(plan))
+        if table is None:  # plans live as long as their engine, which holds this object
+            table = self._tables[id(plan)] = _run_tables(plan)
+        return table
+
+    def compress_(
+        self,
+        values: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        packed: torch.Tensor,
+        scratch: torch.Tensor,
+    ) -> None:
+        self._functions["compress"](
+            values.numpy(), packed.reshape(-1).numpy(), self._runs(plan), scales.reshape(-1).numpy()
+        )
+
+    def accumulate_(
+        self,
+        error: torch.Tensor,
+        signs: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        scratch: torch.Tensor,
+    ) -> None:
+        n = signs.shape[0]
+        self._functions["accumulate"](
+            error.numpy(),
+            signs.reshape(n, -1).numpy(),
+            self._runs(plan),
+            scales.reshape(n, -1).numpy(),
+            np.float32(n),
+            self._signs,
+        )
+
+    def decode_(self, packed: torch.Tensor, scales: torch.Tensor, plan: _RunPlan, out: torch.Tensor) -> None:
+        self._functions["decode"](
+            packed.reshape(-1).numpy(), self._runs(plan), scales.reshape(-1).numpy(), out.numpy(), self._signs
+        )
+
+
+def numba_unavailable_reason() -> str | None:
+    """Why the numba kernels cannot be used here, or None."""
+    try:
+        _numba_functions()
+    except ImportError as error:
+        return f"numba is not installed ({error})"
+    return None
+
+
+def get_kernels(
+    device: torch.device | str, packer: SignPacker, choice: str | None = None
+) -> CompressionKernels:
+    """The one place that picks the kernels: ``choice`` (or $BERT_LAMB_COMM_KERNELS, default ``auto``):
+    ``auto`` = numba for CPU buffers when it imports, torch otherwise; ``torch``; ``numba`` (CPU only:
+    raises ValueError elsewhere or without numba)."""
+    choice = choice or os.environ.get(KERNELS_ENV) or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNELS_ENV}/kernels must be one of {', '.join(KERNEL_CHOICES)}, got {choice!r}")
+    on_cpu = torch.device(device).type == "cpu"
+    if choice == "torch" or (choice == "auto" and not on_cpu):
+        return TorchKernels(packer)
+    reason = numba_unavailable_reason() if on_cpu else "the numba kernels run on CPU buffers only"
+    if reason is None:
+        return NumbaKernels()
+    if choice == "numba":
+        raise ValueError(f"kernels=numba: {reason}")
+    return TorchKernels(packer)
