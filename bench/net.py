@@ -53,16 +53,18 @@ BUFFER_NUMEL = {"bert_base": 110_000_000, "bert_large": 336_000_000}
 RATES = ("none", "10gbit", "1gbit")  # "none" first: it doubles as the warm-up rate (cheap)
 WORLD_SIZES = (2, 4)
 OPERATIONS = ("fp32", "fp16", "compressed")
-# The same compressed call with the torch-op passes (kernels=torch) instead of the fused numba ones: the
-# peer of issue #15's fusion, timed in the same processes where a second engine fits in memory.
+# Peers of issue #15's work, timed in the same processes where their engines fit in memory: the compressed
+# call as it was (torch-op passes, not pipelined), and the fused passes without the pipeline.
 TORCH_KERNELS = "compressed_torch"
+UNPIPELINED = "compressed_unpipelined"
+PEERS = {TORCH_KERNELS: {"kernels": "torch", "pipeline": 0}, UNPIPELINED: {"pipeline": 0}}
 QUICK_NUMEL = 4_000_000
 GIB = 1024**3
 # Per element of the buffer, per rank: fp32 buffer 4, worker error 4, packed send/receive 3/8; + server
 # error 4/n. The torch-kernels peer engine adds its own errors (4 + 4/n), packed buffers and the torch
 # packer's scratch ~1.63 (bool mask, shifted bytes, int32 indices). Plus the interpreter + torch.
 _BYTES_PER_ELEMENT = 4 + 4 + 0.375
-_TORCH_PEER_BYTES_PER_ELEMENT = 4 + 0.375 + 1.63
+_TORCH_PEER_BYTES_PER_ELEMENT = 4 + 0.375 + 1.63 + 4 + 0.375  # and the unpipelined engine's
 _BASE_PROCESS_BYTES = 0.4 * GIB
 _MEMORY_MARGIN = 2 * GIB
 RATE_BITS = {"1gbit": 1e9, "10gbit": 1e10, "none": None}
@@ -86,7 +88,7 @@ def estimated_rank_bytes(numel: int, world_size: int, torch_peer: bool = False) 
     """Peak memory of one allreduce-benchmark rank (see _BYTES_PER_ELEMENT)."""
     per_element = _BYTES_PER_ELEMENT + 4 / world_size
     if torch_peer:
-        per_element += _TORCH_PEER_BYTES_PER_ELEMENT + 4 / world_size
+        per_element += _TORCH_PEER_BYTES_PER_ELEMENT + 8 / world_size
     return numel * per_element + _BASE_PROCESS_BYTES
 
 
@@ -104,7 +106,11 @@ def _allreduce_worker(
     # fp16 view on the first half of the fp32 storage: no second buffer (memory), refilled before use.
     half = buffer.view(torch.float16)[:padded]
     engine = CompressedAllreduce(padded)
-    torch_engine = CompressedAllreduce(padded, kernels="torch") if TORCH_KERNELS in operation_names else None
+    peers = {
+        name: CompressedAllreduce(padded, **kwargs)  # type: ignore[arg-type]
+        for name, kwargs in PEERS.items()
+        if name in operation_names
+    }
 
     def fp32() -> None:
         dist.all_reduce(buffer)
@@ -117,15 +123,9 @@ def _allreduce_worker(
     def compressed() -> None:
         engine(buffer)
 
-    def compressed_torch() -> None:
-        torch_engine(buffer)  # type: ignore[misc]
-
-    operations: dict[str, Callable[[], None]] = {
-        "fp32": fp32,
-        "fp16": fp16,
-        "compressed": compressed,
-        TORCH_KERNELS: compressed_torch,
-    }
+    operations: dict[str, Callable[[], None]] = {"fp32": fp32, "fp16": fp16, "compressed": compressed}
+    for name, peer in peers.items():
+        operations[name] = lambda peer=peer: peer(buffer)
     model_bytes = {
         "fp32": ring_allreduce_bytes(padded, 4, world_size),
         "fp16": ring_allreduce_bytes(padded, 2, world_size),
@@ -141,8 +141,8 @@ def _allreduce_worker(
         dist.barrier()  # the slowest rank defines the collective's time
         seconds = time.perf_counter() - start
         after = interface_counters()
-        if name == TORCH_KERNELS:
-            counted = torch_engine.traffic.last_call.compressed_bytes  # type: ignore[union-attr]
+        if name in peers:
+            counted = peers[name].traffic.last_call.compressed_bytes  # type: ignore[assignment]
         else:
             counted = engine.traffic.last_call.compressed_bytes if name == "compressed" else model_bytes[name]
         return {
@@ -179,6 +179,7 @@ def _allreduce_worker(
         "results": results,
         "numel_padded": padded,
         "collective_mode": engine.collective_mode.value,
+        "pieces": engine.pieces,
         "peak_rss_bytes": _peak_rss(),
         "copy_bytes_per_s": copy_bandwidth,
     }
@@ -206,7 +207,7 @@ def _allreduce_records(
     operations = list(OPERATIONS)
     with_peer = estimated_rank_bytes(numel, world_size, torch_peer=True) * world_size
     if with_peer <= available - _MEMORY_MARGIN:
-        operations.append(TORCH_KERNELS)
+        operations += list(PEERS)
     else:
         print(f"[bench net] {label}: no torch-kernels peer (needs ~{with_peer / GIB:.1f} GiB)", flush=True)
     started = time.perf_counter()
@@ -273,17 +274,22 @@ def _allreduce_records(
                 )
             )
         if TORCH_KERNELS in operations:
-            records.append(
-                Record(
-                    f"allreduce_seconds_compressed_fused_vs_torch_kernels_{label}_{rate}",
-                    medians["compressed"],
-                    "s",
-                    peer="the same compressed call with the torch-op passes (kernels=torch), same processes",
-                    peer_value=medians[TORCH_KERNELS],
-                    target="ratio < 1: the fused passes (pretrain/comm/kernels.py) are faster",
-                    config=config,
+            for peer, what, target in (
+                (TORCH_KERNELS, "torch-op passes, not pipelined (the call before #15)", "ratio < 1"),
+                (UNPIPELINED, "fused passes, not pipelined (pipeline=0)", "ratio < 1 where the wire is slow"),
+            ):
+                suffix = "torch_kernels" if peer == TORCH_KERNELS else "unpipelined"
+                records.append(
+                    Record(
+                        f"allreduce_seconds_compressed_vs_{suffix}_{label}_{rate}",
+                        medians["compressed"],
+                        "s",
+                        peer=f"the same compressed call with the {what}, same processes",
+                        peer_value=medians[peer],
+                        target=target,
+                        config={**config, "pieces": first["pieces"]},
+                    )
                 )
-            )
         if nominal is not None:
             records.append(
                 Record(

@@ -53,6 +53,7 @@ from pretrain.comm.counter import TrafficCounter, compressed_call_traffic
 from pretrain.comm.kernels import get_kernels
 from pretrain.comm.layout import Run, ScaleLayout
 from pretrain.comm.packing import BITS_PER_BYTE, SignPacker, get_packer
+from pretrain.comm.pipeline import PipelinedExchange, pieces_for
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +239,9 @@ class CompressedAllreduce:
         scale_dtype: ``float32`` (DeepSpeed) or ``bfloat16`` (:class:`ScaleDtype`).
         kernels: the elementwise passes (:mod:`pretrain.comm.kernels`): ``auto`` (default; fused numba
             loops on CPU, torch ops elsewhere), ``torch`` (the reference) or ``numba``. Same bits either way.
+        pipeline: pieces each chunk's signs travel in, so that the wire overlaps the compression
+            (:mod:`pretrain.comm.pipeline`): None = auto (1 per MiB of a chunk's signs, at most 8), 0 or 1 =
+            off. Same bits either way. Used with one worker per process over the native collectives.
     """
 
     def __init__(
@@ -254,6 +258,7 @@ class CompressedAllreduce:
         sign_scale: SignScale | str = SignScale.rms,
         scale_dtype: ScaleDtype | str = ScaleDtype.float32,
         kernels: str | None = None,
+        pipeline: int | None = None,
     ) -> None:
         self.group = group
         if dist.is_available() and dist.is_initialized():
@@ -305,8 +310,18 @@ class CompressedAllreduce:
         server_shape = (self.chunk_numel,) if k == 1 else (k, self.chunk_numel)
         self.worker_error = torch.zeros(worker_shape if compressing else (0,), device=self.device)
         self.server_error = torch.zeros(server_shape if compressing else (0,), device=self.device)
+        self._pipeline: PipelinedExchange | None = None
         if compressing:
             self._prepare()
+            pipelined = k == 1 and self.num_processes > 1 and self.collective_mode is CollectiveMode.NATIVE
+            pieces = pieces_for(self, pipeline)  # validates `pipeline` in every case
+            if pipelined and pieces > 1:
+                self._pipeline = PipelinedExchange(self, pieces)
+
+    @property
+    def pieces(self) -> int:
+        """Pieces a call's signs travel in (1: not pipelined)."""
+        return len(self._pipeline.pieces) if self._pipeline is not None else 1
 
     # ------------------------------------------------------------------------------- set-up
 
@@ -404,6 +419,9 @@ class CompressedAllreduce:
         local, out = self._check_call(buffer, out)
         self.traffic.record(self._call_traffic)
         if self.world_size == 1:
+            return out
+        if self._pipeline is not None:
+            self._pipeline(local[0], out)
             return out
         for worker in range(self.virtual_workers):
             self._compress_worker(worker, local[worker])

@@ -7,7 +7,8 @@ the same order, so with k virtual workers one process gives what k processes giv
 single scale, and one scale per row of an "embedding" and per tensor (rows split by chunk boundaries
 included), with both sign scales, and with scales sent in bfloat16 (`scale_dtype`). Each case runs with
 both implementations of the elementwise passes (`pretrain.comm.kernels`: torch ops and the fused numba
-loops), which must both equal the reference bit for bit.
+loops), which must both equal the reference bit for bit, and, with one worker per process, with the signs
+sent in 3 pieces (`pipeline=3`, `pretrain.comm.pipeline`) as well as in one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.distributed
 
 UNPADDED = 700
 KERNELS = ("torch", "numba")
+PIECES = 3
 CALLS = 4
 # (processes, virtual workers per process)
 SHAPES = [(1, 2), (1, 4), (2, 1), (2, 2), (3, 1), (4, 1)]
@@ -57,7 +59,10 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
     results = {}
-    for mode, kernels in [(mode, kernels) for mode in modes for kernels in KERNELS]:
+    pipelined = virtual == 1 and processes > 1
+    variants = [(mode, kernels, 0) for mode in modes for kernels in KERNELS]
+    variants += [("native", kernels, PIECES) for kernels in KERNELS] if pipelined else []
+    for mode, kernels, pieces in variants:
         for kind, sign_scale, scale_dtype in CASES:
             engine = CompressedAllreduce(
                 numel,
@@ -67,8 +72,10 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
                 collective_mode=mode,
                 scale_dtype=scale_dtype,
                 kernels=kernels,
+                pipeline=pieces,
             )
             assert engine.kernels.name == kernels
+            assert engine.pieces == max(1, pieces)
             outputs = []
             for call in range(CALLS):
                 local = torch.stack([_input(call, rank * virtual + w, numel) for w in range(virtual)])
@@ -78,7 +85,7 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
                 else:
                     engine(local, out)
                 outputs.append(out.numpy().copy())
-            results[(mode, kernels, kind, sign_scale, scale_dtype)] = {
+            results[(mode, f"{kernels}/{pieces}", kind, sign_scale, scale_dtype)] = {
                 "outputs": outputs,
                 "worker_error": engine.worker_error.numpy().copy(),
                 "server_error": engine.server_error.numpy().copy(),
@@ -128,14 +135,14 @@ def test_per_row_scales_cost_a_few_percent_of_the_signs(shape_runs):
     processes, virtual, results = shape_runs
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
-    single = results[0][("native", "numba", "single", "rms", "float32")]["bytes"] / CALLS
-    rows = results[0][("native", "numba", "blocks", "rms", "float32")]["bytes"] / CALLS
+    single = results[0][("native", "numba/0", "single", "rms", "float32")]["bytes"] / CALLS
+    rows = results[0][("native", "numba/0", "blocks", "rms", "float32")]["bytes"] / CALLS
     segments = _layout("blocks", numel, world_size).total_chunk_segments
     assert rows - single == pytest.approx(8 * (world_size - 1) / world_size * (segments - world_size))
     # bfloat16 scales: 2 bytes each instead of 4, the signs unchanged
-    single_bf16 = results[0][("native", "numba", "single", "rms", "bfloat16")]["bytes"] / CALLS
+    single_bf16 = results[0][("native", "numba/0", "single", "rms", "bfloat16")]["bytes"] / CALLS
     assert single - single_bf16 == pytest.approx(4 * (world_size - 1) / world_size * world_size)
-    elements = results[0][("native", "numba", "elements", "mean_abs", "bfloat16")]["bytes"] / CALLS
+    elements = results[0][("native", "numba/0", "elements", "mean_abs", "bfloat16")]["bytes"] / CALLS
     segments = _layout("elements", numel, world_size).total_chunk_segments
     assert elements - single_bf16 == pytest.approx(
         4 * (world_size - 1) / world_size * (segments - world_size)

@@ -154,5 +154,6 @@ def test_quick_allreduce_measurement_is_rate_limited_and_counts_bytes(tmp_path):
     # the torch-kernels peer of the fused passes ran in the same processes and sent the same bytes
     compressed_bytes = limited["compressed"]["model_bytes_per_rank"]
     assert limited["compressed_torch"]["model_bytes_per_rank"] == compressed_bytes
-    fused_vs_torch = records["allreduce_seconds_compressed_fused_vs_torch_kernels_quick_n2_1gbit"]
-    assert fused_vs_torch.peer_value > 0
+    assert limited["compressed_unpipelined"]["model_bytes_per_rank"] == compressed_bytes
+    for peer in ("torch_kernels", "unpipelined"):
+        assert records[f"allreduce_seconds_compressed_vs_{peer}_quick_n2_1gbit"].peer_value > 0
