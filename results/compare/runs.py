@@ -163,10 +163,13 @@ _VARIANT_DEFAULTS = {
 def _variant(optim: dict[str, Any]) -> str:
     """e.g. "per_row+exact_vectors+sign_scale=mean_abs"; "" for DeepSpeed's exchange or no 1-bit; LAMB's
     `deepspeed` variant is "deepspeed" (+ "no_bias_correction")."""
+    gradients = optim.get("grad_allreduce", "float32")
+    averaged = [] if gradients == "float32" else [f"grad_allreduce={gradients}"]  # 16-bit gradient allreduce
     if "compression" not in optim:
-        if optim.get("variant") in (None, "nvlamb"):
-            return ""
-        return str(optim["variant"]) + ("" if optim.get("bias_correction", True) else "+no_bias_correction")
+        parts = [] if optim.get("variant") in (None, "nvlamb") else [str(optim["variant"])]
+        if parts and not optim.get("bias_correction", True):
+            parts.append("no_bias_correction")
+        return "+".join(parts + averaged)
     parts = [] if optim["compression"] == "deepspeed" else [str(optim["compression"])]
     for key, default in _VARIANT_DEFAULTS.items():
         value = optim.get(key, default)
@@ -174,7 +177,7 @@ def _variant(optim: dict[str, Any]) -> str:
             parts.append(key if value is True else f"{key}={value}")
     if optim["compression"] == "deepspeed" and parts:
         parts.insert(0, "deepspeed")
-    return "+".join(parts)
+    return "+".join(parts + averaged)
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:

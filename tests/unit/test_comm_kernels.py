@@ -112,3 +112,15 @@ def test_without_numba_the_torch_kernels_are_used(monkeypatch):
             get_kernels("cpu", TorchSignPacker(), "numba")
     finally:
         kernels_module._numba_functions.cache_clear()
+
+
+def test_a_numba_that_cannot_compile_here_falls_back_too(monkeypatch):
+    def unusable():
+        raise RuntimeError("cannot cache function: no locator available")
+
+    monkeypatch.delenv(kernels_module.KERNELS_ENV, raising=False)
+    monkeypatch.setattr(kernels_module, "_numba_functions", unusable)
+    assert kernels_module.numba_unavailable_reason() == (
+        "numba cannot be used here (RuntimeError: cannot cache function: no locator available)"
+    )
+    assert get_kernels("cpu", TorchSignPacker()).name == "torch"

@@ -457,6 +457,7 @@ def test_arms_group_by_exchange_variant_and_workers(tmp_path: Path):
     write_run(
         tmp_path, "lamb-ds-s1", "lamb", 1, LAMB_2, optim={"variant": "deepspeed", "bias_correction": False}
     )
+    write_run(tmp_path, "lamb-bf16-s1", "lamb", 1, LAMB_2, optim={"grad_allreduce": "bfloat16"})
     write_run(tmp_path, "ds-s1", "onebit_lamb", 1, ONEBIT_1, optim={"compression": "deepspeed"})
     write_run(tmp_path, "remedy-s1", "onebit_lamb", 1, ONEBIT_2, optim=remedy)
     write_run(tmp_path, "remedy-sim-s1", "onebit_lamb", 1, ONEBIT_1, optim=remedy, sim_world_size=16)
@@ -470,10 +471,11 @@ def test_arms_group_by_exchange_variant_and_workers(tmp_path: Path):
     assert runs["remedy-s1"].arm == "onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live] n2"
     assert runs["remedy-sim-s1"].arm.endswith("] n32 sim")
     assert runs["lamb-ds-s1"].arm == "lamb[deepspeed+no_bias_correction] n2"
+    assert runs["lamb-bf16-s1"].arm == "lamb[grad_allreduce=bfloat16] n2"  # a LAMB variant: its own gap
     summary = summary_of(list(runs.values()))
-    assert len(summary["groups"]) == 6
+    assert len(summary["groups"]) == 7
     gaps = {gap["group"]: gap for gap in summary["gaps"]}
-    assert len(gaps) == 5 and all(gap["reference"] == "lamb n2 b8 bert_tiny" for gap in gaps.values())
+    assert len(gaps) == 6 and all(gap["reference"] == "lamb n2 b8 bert_tiny" for gap in gaps.values())
     sim = gaps["onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live] n32 sim b8 bert_tiny"]
     assert sim["final_mlm_loss_gap_pct"] == pytest.approx(100 * ((6.6 + 5.9) / 2 - 5.5) / 5.5)
 
