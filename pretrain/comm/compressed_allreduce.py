@@ -451,12 +451,7 @@ class CompressedAllreduce:
             return
         if self.collective_mode is CollectiveMode.NATIVE:
             dist.all_to_all_single(self._recv_signs.view(-1), self._send_signs.view(-1), group=self.group)
-            self._all_to_all_scales(
-                self._recv_scales,
-                self._send_scales,
-                [k * self._local_segments] * processes,
-                self._send_scale_splits,
-            )
+            self._exchange_worker_scales()
             return
         dist.all_gather(list(self._all_packed.unbind(0)), self._worker_packed, group=self.group)
         n, first = self.world_size, self.rank * k
@@ -495,13 +490,7 @@ class CompressedAllreduce:
             _all_gather_flat(
                 self._gathered_server_packed.view(-1), self._server_packed.view(-1), group=self.group
             )
-            self._replicated_server_scales.view(processes, -1).copy_(self._server_scales)
-            self._all_to_all_scales(
-                self._all_server_scales,
-                self._replicated_server_scales,
-                self._process_segments,
-                [self._local_segments] * processes,
-            )
+            self._exchange_server_scales()
             return
         gathered = list(self._gathered_server_packed.view(processes, -1).unbind(0))
         dist.all_gather(gathered, self._server_packed.view(-1), group=self.group)
@@ -509,6 +498,25 @@ class CompressedAllreduce:
         self._all_gather_scales(self._all_padded_server_scales, self._padded_server_scales)
         torch.index_select(
             self._all_padded_server_scales.view(-1), 0, self._valid_server_scales, out=self._all_server_scales
+        )
+
+    def _exchange_worker_scales(self) -> None:
+        """Native phase 1's scales: ``_send_scales`` (filled) to the processes serving their chunks."""
+        self._all_to_all_scales(
+            self._recv_scales,
+            self._send_scales,
+            [self.virtual_workers * self._local_segments] * self.num_processes,
+            self._send_scale_splits,
+        )
+
+    def _exchange_server_scales(self) -> None:
+        """Native phase 2's scales: this process's server scales to every process."""
+        self._replicated_server_scales.view(self.num_processes, -1).copy_(self._server_scales)
+        self._all_to_all_scales(
+            self._all_server_scales,
+            self._replicated_server_scales,
+            self._process_segments,
+            [self._local_segments] * self.num_processes,
         )
 
     def _wire_buffer(self, like: torch.Tensor) -> torch.Tensor:

@@ -86,9 +86,11 @@ class PipelinedExchange:
     """Runs one engine call piece by piece (module docstring). Built by the engine, which it reads."""
 
     def __init__(self, engine, pieces: int) -> None:
-        from pretrain.comm.compressed_allreduce import _RunPlan
+        # (imported here: compressed_allreduce imports this module)
+        from pretrain.comm.compressed_allreduce import _all_gather_flat, _RunPlan
 
         self.engine = engine
+        self._all_gather_flat = _all_gather_flat
         n, chunk_bytes = engine.world_size, engine.chunk_numel // 8
         self.pieces = [
             _Piece(b * chunk_bytes // pieces, (b + 1) * chunk_bytes // pieces) for b in range(pieces)
@@ -125,12 +127,7 @@ class PipelinedExchange:
         error = engine._worker_errors[0].add_(values)
         scales = engine._round(engine._worker_plan.scales(error, out=engine._worker_scales[0]))
         torch.index_select(scales, 0, engine._send_scale_index, out=engine._send_scales)
-        engine._all_to_all_scales(
-            engine._recv_scales,
-            engine._send_scales,
-            [engine._local_segments] * n,
-            engine._send_scale_splits,
-        )
+        engine._exchange_worker_scales()
         phase_one = []
         for piece, plans, send, received in zip(self.pieces, self.worker_plans, self.send, self.received):
             for j, (worker_plan, first) in enumerate(plans):
@@ -159,13 +156,7 @@ class PipelinedExchange:
             )
         chunk_plan = engine._chunk_plans[engine._local_chunks[0]]
         server_scales = engine._round(chunk_plan.scales(server_error, out=engine._server_scales))
-        engine._replicated_server_scales.view(n, -1).copy_(server_scales)
-        engine._all_to_all_scales(
-            engine._all_server_scales,
-            engine._replicated_server_scales,
-            engine._process_segments,
-            [engine._local_segments] * n,
-        )
+        engine._exchange_server_scales()
         phase_two = []
         for piece, plans, server_send, gathered in zip(
             self.pieces, self.chunk_plans, self.server_send, self.gathered
@@ -178,7 +169,9 @@ class PipelinedExchange:
                 server_send,
                 scratch=scratch[: piece.high - piece.low],
             )
-            phase_two.append(_all_gather_flat(gathered.view(-1), server_send, group))
+            phase_two.append(
+                self._all_gather_flat(gathered.view(-1), server_send, group=group, async_op=True)
+            )
         # 3. decode each piece of every chunk as it arrives
         all_scales, offsets = engine._all_server_scales, engine._chunk_scale_offsets
         for work, piece, plans, gathered in zip(phase_two, self.pieces, self.chunk_plans, self.gathered):
@@ -204,11 +197,6 @@ def _carve(storage: torch.Tensor, sizes: list[int], rows: int | None) -> list[to
     if offset != flat.numel():
         raise AssertionError(f"pieces cover {offset} of {flat.numel()} bytes")
     return views
-
-
-def _all_gather_flat(output: torch.Tensor, sent: torch.Tensor, group):
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather(output, sent, group=group, async_op=True)
 
 
 def pieces_for(engine, requested: int | None) -> int:
