@@ -140,6 +140,7 @@ bench: setup
 # no scaling report). launch/netns.sh cleanup removes what a killed run left.
 bench-net: setup
 	$(PY) -m bench net $(ARGS)
+	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench net --part=e2e --compile)
 	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench scaling)
 
 # tests/reliability with 10 kill points (CI's `make test` runs them with 3); ARGS=--ci for CI's subset

@@ -1,7 +1,8 @@
 """Emulated-Ethernet benchmark: gloo ranks in network namespaces over rate-limited veth links
 (launch/netns.py), so bandwidth, not the loopback, bounds communication. Needs root.
 
-    python -m bench net              # full: about 15 min; results/bench/net.json and net_e2e.json
+    python -m bench net              # full: about 40 min; results/bench/net.json and net_e2e.json
+    python -m bench net --part=e2e --compile   # e2e with optim.compile=true: net_e2e_compiled.json
     python -m bench net --quick      # seconds: small buffer, 2 ranks; *_quick.json
     python -m bench net --part=allreduce --rates=1gbit,none --world-sizes=2   (options with `=`)
 
@@ -341,6 +342,7 @@ def _train_worker(
     micro_batch: int,
     warmup_steps: int,
     steps: int,
+    compile: bool = False,
 ) -> dict:
     """Runs inside a rank's namespace: for each round and variant, a fresh trainer, `warmup_steps`
     untimed and `steps` timed `Trainer.train_step` calls. One process for all variants: no repeated
@@ -376,6 +378,7 @@ def _train_worker(
                 # 1-bit LAMB: one warmup step, then the compression stage; the others have no freeze_step.
                 f"batch.phases.0.freeze_step={1 if variant == 'onebit_lamb' else 'null'}",
                 *(["optim.grad_allreduce=bfloat16"] if variant == "lamb_bf16" else []),
+                *(["optim.compile=true"] if compile else []),
             ]
             with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
                 cfg = to_object(compose(config_name="pretrain", overrides=overrides))
@@ -423,9 +426,11 @@ def _e2e_records(
     steps: int,
     rounds: int,
     quick: bool,
+    compile: bool = False,
 ) -> list[Record]:
     print(
-        f"[bench net] e2e {model} n={world_size} {rate}: {', '.join(VARIANTS)} x {rounds} round(s)",
+        f"[bench net] e2e {model} n={world_size} {rate}{' compiled' if compile else ''}: "
+        f"{', '.join(VARIANTS)} x {rounds} round(s)",
         flush=True,
     )
     started = time.perf_counter()
@@ -435,7 +440,7 @@ def _e2e_records(
     ):
         per_rank = network.run(
             _train_worker,
-            (list(VARIANTS), rounds, model, str(data_dir), run_root, micro_batch, warmup, steps),
+            (list(VARIANTS), rounds, model, str(data_dir), run_root, micro_batch, warmup, steps, compile),
             env={"WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"},
         )
     run_seconds = time.perf_counter() - started
@@ -475,6 +480,7 @@ def _e2e_records(
         "timed_steps_per_round": steps,
         "rounds": rounds,
         "quick": quick,
+        "compile": compile,  # optim.compile for every variant (LAMB's and 1-bit LAMB's compiled steps)
         "no_comm_bound": "LAMB with GradientSync.communicate=False: same compute, gradient allreduce skipped",
         "peak_rss_GiB_per_rank": [round(r["peak_rss_bytes"] / GIB, 2) for r in per_rank],
         "run_seconds": round(run_seconds, 1),
@@ -551,6 +557,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--micro-batch", type=int, default=1, help="e2e micro batch per rank")
     parser.add_argument("--steps", type=int, default=None, help="e2e timed steps per variant and round")
     parser.add_argument("--rounds", type=int, default=None, help="e2e rounds over the three variants")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="e2e with optim.compile=true for every variant: net_e2e_compiled.json",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
@@ -587,9 +598,18 @@ def main(argv: list[str]) -> None:
             data_dir = _prepared_data(Path(folder))
             for world_size in world_sizes:
                 records += _e2e_records(
-                    world_size, rate, model, data_dir, args.micro_batch, 2, steps, rounds, args.quick
+                    world_size,
+                    rate,
+                    model,
+                    data_dir,
+                    args.micro_batch,
+                    2,
+                    steps,
+                    rounds,
+                    args.quick,
+                    args.compile,
                 )
-        write_records(f"net_e2e{suffix}", records, args.out)
+        write_records(f"net_e2e{'_compiled' if args.compile else ''}{suffix}", records, args.out)
 
 
 if __name__ == "__main__":

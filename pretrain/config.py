@@ -153,6 +153,10 @@ class TrainConfig:
                 "optim.grad_allreduce: simulated workers (sim_world_size > 1) average gradients in float32; "
                 "use real ranks to measure a bfloat16/float16 gradient allreduce"
             )
+        if self.sim_world_size > 1 and getattr(self.optim, "compile", False) and self.optim.name != "lamb":
+            raise ValueError(
+                "optim.compile: the compiled 1-bit step needs one worker per process (sim_world_size=1)"
+            )
         if self.max_steps is not None and self.max_steps < 0:
             raise ValueError("max_steps must be >= 0 or null")
         if self.resume not in ("auto", "none") and not self.resume:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
+from pretrain.optim import compiled
 from pretrain.optim.lamb import LambVariant
 from pretrain.optim.onebit import Compression
 from pretrain.optim.onebit_lamb import TrustRatio
@@ -205,6 +206,9 @@ class OnebitLambConfig(_OnebitConfig):
     precondition: bool = True
     exact_vectors: bool = True  # the 1-D tensors exactly, affordable with bfloat16 scales (15.55x vs fp16)
     scale_dtype: ScaleDtype = ScaleDtype.bfloat16
+    # torch.compile the warmup and compression steps (pretrain/optim/compiled.py): a live trust_ratio,
+    # precondition, no local_momentum and sim_world_size=1 (checked in pretrain/config.py)
+    compile: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -217,6 +221,13 @@ class OnebitLambConfig(_OnebitConfig):
         _require(
             0 <= self.min_coeff <= self.max_coeff, "min_coeff", "must satisfy 0 <= min_coeff <= max_coeff"
         )
+        reason = compiled.unsupported_reason(
+            trust_ratio_live=TrustRatio(self.trust_ratio) is not TrustRatio.frozen,
+            precondition=self.precondition,
+            virtual_workers=1,
+            local_momentum=self.local_momentum,
+        )
+        _require(not self.compile or reason is None, "compile", f"true {reason}")
         _require(0.0 < self.coeff_beta < 1.0, "coeff_beta", f"must be in (0, 1), got {self.coeff_beta}")
         _require(0 < self.factor_min <= 1.0, "factor_min", f"must be in (0, 1], got {self.factor_min}")
         _require(self.factor_max >= 1.0, "factor_max", f"must be >= 1, got {self.factor_max}")
@@ -241,6 +252,7 @@ class OnebitLambConfig(_OnebitConfig):
             "factor_threshold": self.factor_threshold,
             "coeff_bias_correction": self.coeff_bias_correction,
             "trust_ratio": TrustRatio(self.trust_ratio),
+            "compile": self.compile,
         }
 
 

@@ -31,8 +31,12 @@ __all__ = [
     "lamb_kernel_scalars",
     "lamb_tensor_apply_",
     "lamb_tensor_direction_",
+    "live_apply_",
+    "live_norms_",
+    "live_scalars",
     "local_momentum_",
     "nvlamb_update_",
+    "preconditioned_momentum_",
     "scaling_coefficients",
     "trust_ratios",
 ]
@@ -264,6 +268,50 @@ def lamb_kernel_scalars(
     )
     values = [lr, grad_scale, direction_scale, scaled_eps, weight_decay, step_scale, min_coeff, max_coeff]
     return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def live_scalars(
+    *, beta1: float, lr: float, weight_decay: float, min_coeff: float, max_coeff: float, device: torch.device
+) -> Tensor:
+    """`scalars` of the compiled compression step's kernels (`preconditioned_momentum_`, `live_norms_`,
+    `live_apply_`): [β1, η, λ, min_coeff, max_coeff]. A tensor, so one graph serves every learning rate."""
+    return torch.tensor([beta1, lr, weight_decay, min_coeff, max_coeff], dtype=torch.float32, device=device)
+
+
+def preconditioned_momentum_(
+    exp_avg: Tensor, grad: Tensor, divisor: Tensor, out: Tensor, scalars: Tensor, *, transposed: bool
+) -> None:
+    """out ← (β1·m + (1−β1)·g)/d, the value a worker sends in the preconditioned exchange (one pass,
+    written for `torch.compile`). `out` is the tensor's place in the exchange layout: [columns, rows] when
+    `transposed` (the matrix goes out column by column), else the same shape as m. m itself is not
+    written: the exchange replaces it (`live_norms_`)."""
+    beta1 = scalars[0]
+    sent = (exp_avg * beta1 + grad * (1.0 - beta1)) / divisor
+    out.copy_(sent.t() if transposed else sent)
+
+
+def live_norms_(
+    exp_avg: Tensor, divisor: Tensor, param: Tensor, scalars: Tensor, source: Tensor | None = None
+) -> Tensor:
+    """m ← ū·d from the exchanged average ū (`source`, or m itself when the caller already copied ū into
+    it), then [‖p‖, ‖u‖] for the step direction u = m/d + λp, d = √v+ε (one pass, for
+    `torch.compile`). The direction is not stored: `live_apply_` forms it again from m."""
+    weight_decay = scalars[2]
+    exp_avg.copy_((exp_avg if source is None else source) * divisor)
+    update = exp_avg / divisor + weight_decay * param
+    return torch.stack([torch.linalg.vector_norm(param), torch.linalg.vector_norm(update)])
+
+
+def live_apply_(param: Tensor, exp_avg: Tensor, divisor: Tensor, norms: Tensor, scalars: Tensor) -> Tensor:
+    """p ← p − η·c·(m/d + λp) with LAMB's ratio c = clamp(‖p‖/‖u‖, min_coeff, max_coeff), 1 where a norm
+    is 0: `clamped_trust_ratio_step_` for one tensor, for `torch.compile`. Returns c (0-dim)."""
+    _, lr, weight_decay, min_coeff, max_coeff = scalars.unbind()
+    param_norm, update_norm = norms.unbind()
+    usable = (param_norm > 0) & (update_norm > 0)
+    ratio = torch.where(usable, param_norm / torch.where(usable, update_norm, 1.0), 1.0)
+    ratio = torch.where(usable, ratio.clamp(min_coeff, max_coeff), 1.0)
+    param.sub_((exp_avg / divisor + weight_decay * param) * (lr * ratio))
+    return ratio
 
 
 def freeze_coeff_ema(coeff_freeze: Tensor, coeffs: Tensor, coeff_beta: float) -> Tensor:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from pretrain.optim import functional as F
 from pretrain.optim.base import OptimizerBase, evaluate_closure, global_norm, is_finite
+from pretrain.optim.compiled import compiled
 
 
 class LambVariant(str, enum.Enum):
@@ -83,8 +84,8 @@ class Lamb(OptimizerBase):
         self.compile = compile
         self._trust_ratios: dict[int, Tensor | None] = {}  # last step's, per param group
         if compile:
-            self._direction = torch.compile(F.lamb_tensor_direction_, dynamic=True)
-            self._apply = torch.compile(F.lamb_tensor_apply_, dynamic=True)
+            self._direction = compiled(F.lamb_tensor_direction_)
+            self._apply = compiled(F.lamb_tensor_apply_)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

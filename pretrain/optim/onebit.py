@@ -226,10 +226,15 @@ class MomentumSegment:
 
     def snapshot(self) -> list[Tensor]:
         """Copy the momentum into the persistent `previous` buffer; per-parameter views of the copy."""
+        self.scratch().copy_(self.buffer)
+        return _views_like(self.scratch(), self.params)
+
+    def scratch(self) -> Tensor:
+        """The persistent `previous` buffer (as long as `buffer`), allocated on first use: the snapshot
+        of the frozen trust-ratio rule, or the compiled step's exchange buffer (`pretrain.optim.compiled`)."""
         if self.previous is None:
             self.previous = torch.empty_like(self.buffer)
-        self.previous.copy_(self.buffer)
-        return _views_like(self.previous, self.params)
+        return self.previous
 
     def reset_exchange_state(self) -> None:
         """Zero the error-feedback buffers and the pad (a fresh start of compression); forget the
@@ -587,9 +592,9 @@ class OnebitOptimizer(OptimizerBase):
             segment.divisors = [self.state[p]["exp_avg_sq"].sqrt().add_(eps[id(p)]) for p in segment.params]
         return segment.divisors
 
-    @staticmethod
-    def _error_norm(segment: MomentumSegment) -> Tensor:
-        """‖worker error‖ of `segment`; a preconditioned exchange's (in units of u) times √v+ε first."""
+    def _error_norm(self, segment: MomentumSegment) -> Tensor:
+        """‖worker error‖ of `segment`; a preconditioned exchange's (in units of u) times √v+ε first, one
+        tensor at a time through the workspace (no buffer-sized temporary: this runs at every log step)."""
         assert segment.compressor is not None
         error = segment.compressor.worker_error
         if segment.divisors is None or error.numel() == 0:
@@ -598,12 +603,15 @@ class OnebitOptimizer(OptimizerBase):
         divisors = segment.divisors
         if segment.transposed is not None:  # the error buffers are in the exchange layout
             divisors = [d.t() if t else d for d, t in zip(divisors, segment.transposed)]
-        norms = [
-            torch.linalg.vector_norm(
-                torch.stack(torch._foreach_norm(torch._foreach_mul(segment.exchange_views(row), divisors)))
-            )
-            for row in rows
-        ]
+        scratch = self.workspace.flat(max(d.numel() for d in divisors), error.device)
+        norms = []
+        for row in rows:
+            row_norms = []
+            for view, divisor in zip(segment.exchange_views(row), divisors):
+                product = scratch[: view.numel()].view(view.shape)
+                torch.mul(view, divisor, out=product)
+                row_norms.append(torch.linalg.vector_norm(product))
+            norms.append(torch.linalg.vector_norm(torch.stack(row_norms)))
         pads = rows[:, segment.buffer.numel() - segment.pad.numel() :]
         return torch.linalg.vector_norm(torch.stack([*norms, torch.linalg.vector_norm(pads)]))
 

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
+from pretrain.optim import compiled
 from pretrain.optim import functional as F
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
 
@@ -79,6 +80,10 @@ class OnebitLamb(OnebitOptimizer):
             ranks. `local_momentum` needs a live trust ratio.
         coeff_bias_correction: freeze the bias-corrected c̄ (module docstring).
         trust_ratio: `frozen` (DeepSpeed: c̄·f), `live` or `live_clamped` (module docstring).
+        compile: run the warmup and compression steps as `torch.compile`d passes
+            (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs a live trust
+            ratio, `precondition`, one worker per process and no `local_momentum`. Same math; results
+            agree with the eager steps to float rounding, not bitwise.
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class OnebitLamb(OnebitOptimizer):
         scale_dtype: ScaleDtype | str = ScaleDtype.float32,
         coeff_bias_correction: bool = False,
         trust_ratio: TrustRatio | str = TrustRatio.frozen,
+        compile: bool = False,
     ) -> None:
         if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
             raise ValueError("OnebitLamb needs 0 <= min_coeff <= max_coeff and 0 < factor_min <= factor_max")
@@ -127,7 +133,19 @@ class OnebitLamb(OnebitOptimizer):
             vector_block,
             ScaleDtype(scale_dtype),
         )
+        if compile:
+            reason = compiled.unsupported_reason(
+                trust_ratio_live=TrustRatio(trust_ratio) is not TrustRatio.frozen,
+                precondition=precondition,
+                virtual_workers=virtual_workers,
+                local_momentum=local_momentum,
+            )
+            if reason is not None:
+                raise ValueError(f"OnebitLamb(compile=True) {reason}")
         super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
+        self.compile = compile
+        self._compiled_warmup = compiled.CompiledWarmupStep() if compile else None
+        self._compiled_compression = compiled.CompiledCompressionStep() if compile else None
         self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta
         self.coeff_bias_correction = coeff_bias_correction
         self.trust_ratio = TrustRatio(trust_ratio)
@@ -160,13 +178,33 @@ class OnebitLamb(OnebitOptimizer):
             tensors = [[self._fp32_param(p) for p in params], grads[span]]
             tensors += [self._states(params, "exp_avg"), self._states(params, "exp_avg_sq")]
             extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
-            coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **self._hyper(group))
+            coeffs: Tensor | None
+            if self._compiled_warmup is not None:
+                coeffs = self._compiled_warmup_group(group, tensors)
+            else:
+                coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **self._hyper(group))
             coeff_freeze = self._states(params, "lamb_coeff_freeze")
             ema = F.freeze_coeff_ema(torch.stack(coeff_freeze), coeffs, self.coeff_beta)  # type: ignore[arg-type]
             torch._foreach_copy_(coeff_freeze, list(ema.unbind()))
             assert coeffs is not None
             counts = self._coeff_update_counts(params)
             torch._foreach_add_(counts, list((coeffs != 1.0).float().unbind()))
+
+    def _compiled_warmup_group(self, group: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor:
+        assert self._compiled_warmup is not None
+        hyper = self._hyper(group)
+        params = tensors[0]
+        scalars = F.lamb_kernel_scalars(
+            clamp_ratio=True, lr=hyper["lr"], eps=hyper["eps"], weight_decay=hyper["weight_decay"],
+            bias_correction1=1.0, bias_correction2_sqrt=1.0, grad_scale=1.0,
+            min_coeff=self.min_coeff, max_coeff=self.max_coeff, device=params[0].device,
+        )  # fmt: skip
+        scratch = self.workspace.flat(max(p.numel() for p in params), params[0].device)
+        grads, exp_avgs, exp_avg_sqs = tensors[1:]
+        return self._compiled_warmup(
+            params, grads, exp_avgs, exp_avg_sqs, scratch, beta1=hyper["beta1"], beta2=hyper["beta2"],
+            scalars=scalars,
+        )  # fmt: skip
 
     def _freeze(self) -> None:
         """v_f ← v; κ is recomputed at the next (first compression) step; the factor rule restarts at 1."""
@@ -184,7 +222,11 @@ class OnebitLamb(OnebitOptimizer):
 
     def _compression_step(self, grads: list[Tensor]) -> None:
         (segment,) = self._segments or []
-        prev_exp_avgs = segment.snapshot()
+        probing = self.probe is not None and self.probe.active
+        if self._compiled_compression is not None and not probing:
+            self._compiled_compression_step(segment, grads)
+            return
+        prev_exp_avgs = segment.snapshot() if self.trust_ratio is TrustRatio.frozen else segment.views
         kappas = None
         if self.exchange.compression is Compression.deepspeed:
             kappas = self._scaling_coefficients(segment.params)
@@ -198,6 +240,40 @@ class OnebitLamb(OnebitOptimizer):
         self._apply_masks()
         for group, span in self._group_slices():
             self._compressed_update(group, prev_exp_avgs[span])
+
+    def _compiled_compression_step(self, segment: Any, grads: list[Tensor]) -> None:
+        """`pretrain.optim.compiled.CompiledCompressionStep` over every group (live ratio, preconditioned)."""
+        assert self._compiled_compression is not None
+        scratch = segment.scratch()
+        divisors = self._divisors(segment)
+        exchange_views = segment.exchange_views(scratch) if segment.compressor else segment.views_of(scratch)
+        # one worker: the exchange is the identity, so nothing goes out in the exchange layout
+        transposed = (segment.compressor is not None and segment.transposed) or [False] * len(segment.params)
+        min_coeff = self.min_coeff if self.trust_ratio is TrustRatio.live_clamped else 0.0
+        steps = []
+        for group, span in self._group_slices():
+            hyper = self._hyper(group)
+            params = group["params"]
+            scalars = F.live_scalars(
+                beta1=hyper["beta1"], lr=hyper["lr"], weight_decay=hyper["weight_decay"],
+                min_coeff=min_coeff, max_coeff=self.max_coeff, device=segment.buffer.device,
+            )  # fmt: skip
+            steps.append(
+                compiled.GroupStep(
+                    [self._fp32_param(p) for p in params],
+                    grads[span],
+                    divisors[span],
+                    segment.views[span],
+                    exchange_views[span],
+                    transposed[span],
+                    group.get("exp_avg_mask"),
+                    scalars,
+                )
+            )
+        exchange = segment.compressor if segment.compressor is not None else (lambda flat: flat)
+        ratios = self._compiled_compression(steps, segment.buffer, scratch, exchange)
+        for (group, _), group_ratios in zip(self._group_slices(), ratios):
+            self._last_live_coeffs[id(group)] = group_ratios
 
     def _scaling_coefficients(self, params: list[Tensor]) -> list[Tensor]:
         """κ per tensor, computed from the synchronized momentum at the first compression step."""

@@ -1,0 +1,161 @@
+"""1-bit LAMB's compression step as a few compiled passes over memory (`optim.compile=true`).
+
+The eager step (`OnebitLamb._compression_step` with `precondition` and a live trust ratio, the project's
+default) runs about twenty separate full-buffer passes around the compressed allreduce: the momentum
+snapshot, the local momentum (two), the division by √v+ε, the per-column transposes into and out of the
+exchange layout (four copies), the multiplication back, and the trust-ratio step (eight). Here they are
+four per tensor, each one `torch.compile`d function (Inductor: vectorised C++ on CPU, Triton on GPU):
+
+1. `preconditioned_momentum_`: x = (β1·m + (1−β1)·g)/d, written straight into the exchange layout
+   (transposed for `per_column` matrices) of a scratch buffer; m itself is not written, the exchange
+   replaces it.
+2. the compressed allreduce on that scratch buffer (the engine's own passes, `pretrain.comm`);
+3. for a transposed matrix, one tiled transposed copy of its average ū back into m;
+4. `live_norms_`: m ← ū·d and the norms ‖p‖, ‖m/d + λp‖;
+5. `live_apply_`: p ← p − η·c·(m/d + λp), c LAMB's clamped ratio.
+
+The scratch buffer is the segment's momentum snapshot (`MomentumSegment.previous`), which the eager path
+allocates anyway and a live trust ratio never reads: no memory is added. The math is the eager step's
+(the same formulas in the same order of operations); results agree to float rounding, not bitwise — the
+compiled kernels may contract a multiply and an add into one FMA where the eager ones do not
+(tests/unit/test_optim_compiled.py states the tolerance). Like every other path it is deterministic, so
+a run resumes bitwise on the path it was saved from.
+
+The warmup stage uses LAMB's compiled kernels (`functional.lamb_tensor_direction_` / `lamb_tensor_apply_`,
+DeepSpeed's clamped variant without bias correction), which also return the trust ratios c̄ averages.
+
+Where it applies: `trust_ratio=live|live_clamped`, `precondition=true`, one worker per process, no
+`local_momentum` (`unsupported_reason`); the config refuses `optim.compile=true` elsewhere. Log steps
+with diagnostics switched on take the eager path (the probes read its intermediate buffers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pretrain.optim import functional as F
+
+_COMPILED: dict[str, Callable[..., Any]] = {}
+
+
+def compiled(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`torch.compile(function, dynamic=True)`, made once per process and shared by every optimizer: one
+    graph per kind of input (transposed or not, 1-D or 2-D) serves every tensor size and every step."""
+    name = function.__name__
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(function, dynamic=True)
+    return _COMPILED[name]
+
+
+def transpose_into_(source: Tensor, out: Tensor) -> None:
+    """out ← sourceᵀ (Inductor tiles it; an eager strided copy is several times slower on CPU)."""
+    out.copy_(source.t())
+
+
+def unsupported_reason(
+    *, trust_ratio_live: bool, precondition: bool, virtual_workers: int, local_momentum: bool
+) -> str | None:
+    """Why the compiled compression step cannot run with these options, or None."""
+    if not trust_ratio_live:
+        return "needs trust_ratio=live or live_clamped (the frozen c̄·f rule has no compiled step)"
+    if not precondition:
+        return "needs precondition=true"
+    if virtual_workers > 1:
+        return "needs one worker per process (sim_world_size=1)"
+    if local_momentum:
+        return "needs local_momentum=false"
+    return None
+
+
+@dataclass
+class GroupStep:
+    """One parameter group's share of the step: fp32 parameters, gradients, divisors √v+ε and the
+    momentum views (all in the segment's parameter order), with the kernels' scalars."""
+
+    params: list[Tensor]
+    grads: list[Tensor]
+    divisors: list[Tensor]
+    exp_avgs: list[Tensor]
+    exchange_views: list[Tensor]  # the tensors' places in the scratch buffer, in the exchange layout
+    transposed: list[bool]
+    mask: Tensor | None
+    scalars: Tensor  # `functional.live_scalars`
+
+
+class CompiledCompressionStep:
+    """The passes of the module docstring for one momentum segment; `exchange(scratch)` is the
+    compressed allreduce in place (identity with one worker)."""
+
+    def __init__(self) -> None:
+        self._momentum = compiled(F.preconditioned_momentum_)
+        self._transpose = compiled(transpose_into_)
+        self._norms = compiled(F.live_norms_)
+        self._apply = compiled(F.live_apply_)
+
+    def __call__(
+        self, groups: list[GroupStep], buffer: Tensor, scratch: Tensor, exchange: Callable[[Tensor], Any]
+    ) -> list[Tensor]:
+        """Step every group; `buffer` holds the momenta (views `exp_avgs`) and the pad after them,
+        `scratch` is as long. Returns each group's trust ratios c, shape [len(params)]."""
+        numel = sum(m.numel() for group in groups for m in group.exp_avgs)
+        for group in groups:
+            for m, g, d, out, transposed in zip(
+                group.exp_avgs, group.grads, group.divisors, group.exchange_views, group.transposed
+            ):
+                if not transposed:  # any shape as one flat run: one graph for all of them
+                    m, g, d, out = m.view(-1), g.reshape(-1), d.view(-1), out.view(-1)
+                self._momentum(m, g, d, out, group.scalars, transposed=transposed)
+        scratch[numel:].copy_(buffer[numel:])  # the pad takes part in the exchange, as in the eager path
+        exchange(scratch)
+        buffer[numel:].copy_(scratch[numel:])
+        ratios = []
+        for group in groups:
+            if group.mask is not None:
+                for view, transposed in zip(group.exchange_views, group.transposed):
+                    view.mul_(group.mask.t() if transposed else group.mask)
+            group_ratios = []
+            for p, m, d, view, transposed in zip(
+                group.params, group.exp_avgs, group.divisors, group.exchange_views, group.transposed
+            ):
+                flat_p, flat_m, flat_d = p.view(-1), m.view(-1), d.view(-1)
+                if transposed:
+                    self._transpose(view, m)
+                    norms = self._norms(flat_m, flat_d, flat_p, group.scalars)
+                else:
+                    norms = self._norms(flat_m, flat_d, flat_p, group.scalars, view.view(-1))
+                group_ratios.append(self._apply(flat_p, flat_m, flat_d, norms, group.scalars))
+            ratios.append(torch.stack(group_ratios) if group_ratios else torch.zeros(0, device=buffer.device))
+        return ratios
+
+
+class CompiledWarmupStep:
+    """The warmup's DeepSpeed LAMB step (no bias correction, ratio clamped on every tensor) through
+    LAMB's compiled kernels; returns the ratios."""
+
+    def __init__(self) -> None:
+        self._direction = compiled(F.lamb_tensor_direction_)
+        self._apply = compiled(F.lamb_tensor_apply_)
+
+    def __call__(
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        exp_avgs: list[Tensor],
+        exp_avg_sqs: list[Tensor],
+        scratch: Tensor,
+        *,
+        beta1: float,
+        beta2: float,
+        scalars: Tensor,
+    ) -> Tensor:
+        ratios = []
+        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+            p, g, m, v, update = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1), scratch[: p.numel()]
+            norms = self._direction(p, g, m, v, update, scalars, beta1=beta1, beta2=beta2)
+            ratios.append(self._apply(p, update, norms, scalars, clamp_ratio=True))
+        return torch.stack(ratios)
