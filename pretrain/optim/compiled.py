@@ -1,10 +1,10 @@
 """1-bit LAMB's compression step as a few compiled passes over memory (`optim.compile=true`).
 
 The eager step (`OnebitLamb._compression_step` with `precondition` and a live trust ratio, the project's
-default) runs about twenty separate full-buffer passes around the compressed allreduce: the momentum
-snapshot, the local momentum (two), the division by √v+ε, the per-column transposes into and out of the
-exchange layout (four copies), the multiplication back, and the trust-ratio step (eight). Here they are
-four per tensor, each one `torch.compile`d function (Inductor: vectorised C++ on CPU, Triton on GPU):
+default) runs about eighteen separate full-buffer passes around the compressed allreduce: the local
+momentum (two), the division by √v+ε, the per-column transposes into and out of the exchange layout (four
+copies), the multiplication back, and the trust-ratio step (eight). Here they are at most four per tensor
+(items 1, 3-5), each one `torch.compile`d function (Inductor: vectorised C++ on CPU, Triton on GPU):
 
 1. `preconditioned_momentum_`: x = (β1·m + (1−β1)·g)/d, written straight into the exchange layout
    (transposed for `per_column` matrices) of a scratch buffer; m itself is not written, the exchange
@@ -14,12 +14,14 @@ four per tensor, each one `torch.compile`d function (Inductor: vectorised C++ on
 4. `live_norms_`: m ← ū·d and the norms ‖p‖, ‖m/d + λp‖;
 5. `live_apply_`: p ← p − η·c·(m/d + λp), c LAMB's clamped ratio.
 
-The scratch buffer is the segment's momentum snapshot (`MomentumSegment.previous`), which the eager path
-allocates anyway and a live trust ratio never reads: no memory is added. The math is the eager step's
-(the same formulas in the same order of operations); results agree to float rounding, not bitwise — the
-compiled kernels may contract a multiply and an add into one FMA where the eager ones do not
-(tests/unit/test_optim_compiled.py states the tolerance). Like every other path it is deterministic, so
-a run resumes bitwise on the path it was saved from.
+The scratch buffer is the segment's momentum snapshot (`MomentumSegment.scratch()`), which the frozen rule's
+eager step uses; the eager live step does not allocate it, so the compiled step holds one momentum-sized fp32
+buffer more than that (4 bytes per parameter; the eager per-column transposes' temporaries, up to one
+tensor's size, are gone). With one process the exchange is the identity and nothing is transposed.
+The math is the eager step's (the same formulas in the same order of operations); results agree to float
+rounding, not bitwise: the compiled kernels may contract a multiply and an add into one FMA where the eager
+ones do not (tests/distributed/test_compiled_step.py states the tolerance). Like every other path it is
+deterministic, so a run resumes bitwise on the path it was saved from.
 
 The warmup stage uses LAMB's compiled kernels (`functional.lamb_tensor_direction_` / `lamb_tensor_apply_`,
 DeepSpeed's clamped variant without bias correction), which also return the trust ratios c̄ averages.

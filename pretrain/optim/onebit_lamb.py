@@ -246,9 +246,10 @@ class OnebitLamb(OnebitOptimizer):
         assert self._compiled_compression is not None
         scratch = segment.scratch()
         divisors = self._divisors(segment)
-        exchange_views = segment.exchange_views(scratch) if segment.compressor else segment.views_of(scratch)
         # one worker: the exchange is the identity, so nothing goes out in the exchange layout
-        transposed = (segment.compressor is not None and segment.transposed) or [False] * len(segment.params)
+        exchanged = segment.compressor is not None
+        exchange_views = segment.exchange_views(scratch) if exchanged else segment.views_of(scratch)
+        transposed = (exchanged and segment.transposed) or [False] * len(segment.params)
         min_coeff = self.min_coeff if self.trust_ratio is TrustRatio.live_clamped else 0.0
         steps = []
         for group, span in self._group_slices():
