@@ -72,7 +72,7 @@ def _train(rank: int, world_size: int, folder: str, compile: bool, resume: bool)
     start = 0
     checkpoint = Path(folder) / f"rank{rank}.pt"
     if resume:
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, weights_only=True)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         start = SAVE_AFTER
