@@ -209,8 +209,11 @@ def prepare(cfg: PrepareConfig) -> dict[int, Path]:
     out_root.mkdir(parents=True, exist_ok=True)
 
     texts = None
-    if data.tokenizer.vocab_file is None:  # a first pass over the corpus trains the vocab
-        texts = (d.text for d in iter_documents(data.sources, SkipCounter()))
+    if data.tokenizer.vocab_file is None:  # passes over the corpus train the vocab (`train_vocab`)
+
+        def texts() -> Iterator[str]:
+            return (d.text for d in iter_documents(data.sources, SkipCounter()))
+
     tokenizer = build_tokenizer(data.tokenizer, texts)
     folders = {length: out_root / f"seq{length}" for length in data.instances.max_seq_lengths}
     # The tokenizer waits in a staging folder: a run that fails before writing anything (a bad corpus,

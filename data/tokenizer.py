@@ -6,7 +6,7 @@ The saved folder loads with `transformers.AutoTokenizer.from_pretrained(folder)`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from transformers import BertTokenizerFast, PreTrainedTokenizerBase  # type: ignore[attr-defined]
@@ -41,8 +41,44 @@ def load_vocab_file(path: str | Path) -> dict[str, int]:
     return vocab
 
 
-def train_vocab(texts: Iterable[str], cfg: TokenizerConfig) -> dict[str, int]:
-    """Train a BERT-style WordPiece vocab (same normalizer and pre-tokenizer as BERT's)."""
+def canonical_vocab(tokens: Iterable[str]) -> dict[str, int]:
+    """Ids in an order that depends only on the set of tokens: the special tokens first (ids 0-4), then
+    the single characters, then their `##` forms, then every longer piece, each block by code point.
+
+    HF tokenizers' WordPiece trainer learns the same set of tokens on every run but numbers them in its
+    hash maps' order, which is seeded per process (tokenizers#1794): two preparations of one corpus would
+    otherwise give different ids, different shards and checkpoints that cannot share an embedding."""
+    rest = set(tokens) - set(SPECIAL_TOKENS)
+
+    def block(token: str) -> int:
+        piece = token[2:] if token.startswith("##") and len(token) > 2 else token
+        return (0 if piece is token else 1) if len(piece) == 1 else 2
+
+    ordered = SPECIAL_TOKENS + sorted(rest, key=lambda token: (block(token), token))
+    return {token: index for index, token in enumerate(ordered)}
+
+
+def continuation_tokens(texts: Iterable[str], lowercase: bool) -> list[str]:
+    """`##c` for every character c of the normalized corpus (whitespace aside), sorted."""
+    from tokenizers import normalizers
+
+    normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    alphabet: set[str] = set()
+    for text in texts:
+        alphabet.update(normalizer.normalize_str(text))
+    return [f"##{c}" for c in sorted(alphabet) if not c.isspace()]
+
+
+def train_vocab(texts: Callable[[], Iterable[str]], cfg: TokenizerConfig) -> dict[str, int]:
+    """Train a BERT-style WordPiece vocab (same normalizer and pre-tokenizer as BERT's) on the texts that
+    `texts()` yields (called twice), numbered in the canonical order (`canonical_vocab`).
+
+    The same corpus gives the same vocabulary and ids on every run. HF's trainer numbers the `##`
+    continuation pieces in hash-map order as it meets them and breaks ties between equally frequent merges
+    by those numbers, so even the set of tokens varies between runs (tokenizers#1794, fixed upstream by the
+    open PR #2066). A first pass over the corpus collects its alphabet, and every `##c` is handed to the
+    trainer up front with a fixed number; the trainer then meets no new token in hash order. The price is
+    that pass and a `##` form for every character, used or not (BERT's own vocabulary has them too)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -51,19 +87,23 @@ def train_vocab(texts: Iterable[str], cfg: TokenizerConfig) -> dict[str, int]:
     trainer = trainers.WordPieceTrainer(
         vocab_size=cfg.vocab_size,
         min_frequency=cfg.min_frequency,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + continuation_tokens(texts(), cfg.lowercase),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return tokenizer.get_vocab()
+    tokenizer.train_from_iterator(texts(), trainer=trainer)
+    # the trained Tokenizer (which would treat the `##c` as added special tokens) is dropped: only the
+    # vocabulary is kept, and `make_tokenizer` builds BERT's tokenizer from it
+    return canonical_vocab(tokenizer.get_vocab())
 
 
 def make_tokenizer(vocab: dict[str, int], lowercase: bool) -> BertTokenizerFast:
     return BertTokenizerFast(vocab=vocab, do_lower_case=lowercase)
 
 
-def build_tokenizer(cfg: TokenizerConfig, texts: Iterable[str] | None = None) -> BertTokenizerFast:
-    """Load `cfg.vocab_file`, or train on `texts` when it is null."""
+def build_tokenizer(
+    cfg: TokenizerConfig, texts: Callable[[], Iterable[str]] | None = None
+) -> BertTokenizerFast:
+    """Load `cfg.vocab_file`, or train on the corpus `texts()` yields when it is null."""
     if cfg.vocab_file is not None:
         return make_tokenizer(load_vocab_file(cfg.vocab_file), cfg.lowercase)
     if texts is None:

@@ -154,17 +154,36 @@ def test_empty_corpus_folder_is_an_error(tmp_path: Path):
     assert not list(out.rglob("manifest.json"))
 
 
-def test_trained_vocab(tmp_path: Path):
-    out = tmp_path / "trained"
-    run_prepare(
-        "data=tiny",
-        f"data.shards.output_dir={out}",
-        "data.tokenizer.vocab_file=null",
-        "data.tokenizer.vocab_size=2000",
-    )
-    manifest = json.loads((out / "seq128/manifest.json").read_text())
-    assert 500 <= manifest["tokenizer"]["vocab_size"] <= 2000
-    assert manifest["num_instances"] > 0
+def test_trained_vocab_is_the_same_on_every_run(tmp_path: Path):
+    """Two preparations (two processes, so two hash seeds inside HF tokenizers' trainer) give the same
+    vocabulary with the same ids, hence the same shards (#17 item 5)."""
+    outputs = [tmp_path / "trained1", tmp_path / "trained2"]
+    for out in outputs:
+        run_prepare(
+            "data=tiny",
+            f"data.shards.output_dir={out}",
+            "data.tokenizer.vocab_file=null",
+            "data.tokenizer.vocab_size=2000",
+        )
+    manifests = [json.loads((out / "seq128/manifest.json").read_text()) for out in outputs]
+    assert 500 <= manifests[0]["tokenizer"]["vocab_size"] <= 2000
+    assert manifests[0]["num_instances"] > 0
+    vocabs = [json.loads((out / "seq128/tokenizer.json").read_text())["model"]["vocab"] for out in outputs]
+    assert vocabs[0] == vocabs[1]
+    assert [vocabs[0][t] for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]] == [0, 1, 2, 3, 4]
+    assert manifests[0]["tokenizer"]["sha256"] == manifests[1]["tokenizer"]["sha256"]
+    assert shard_checksums(outputs[0] / "seq128") == shard_checksums(outputs[1] / "seq128")
+
+
+def test_canonical_vocab_order():
+    from data.tokenizer import canonical_vocab
+
+    tokens = ["##ing", "the", "[MASK]", "b", "##a", "[PAD]", "a", "[UNK]", "[CLS]", "[SEP]", "##", "th"]
+    vocab = canonical_vocab(reversed(tokens))
+    assert list(vocab) == [
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "##a", "##", "##ing", "th", "the",
+    ]  # fmt: skip
+    assert list(vocab.values()) == list(range(len(tokens)))
 
 
 def test_static_masking(tmp_path: Path):
