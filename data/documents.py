@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from data.wikitext import wikitext_to_text
+
 
 class DataError(ValueError):
     """Bad user data: the message is one line naming the file (and line/page where known)."""
@@ -24,8 +26,6 @@ class Document:
     def plain_text(self) -> str:
         """The plain text: `text`, or the converted wikitext ("" when nothing survives cleaning)."""
         if self.markup == "wikitext":
-            from data.sources.wiki_dump import wikitext_to_text
-
             return wikitext_to_text(self.text)
         return self.text
 

@@ -445,3 +445,19 @@ def test_hub_missing_column_and_missing_name_are_errors(tmp_path: Path):
     with pytest.raises(DataError) as error:
         list(read_hub_wikipedia(config(SourceKind.hub_wikipedia), SkipCounter()))
     assert_one_line_error(error, "needs 'hub_name' or 'path'")
+
+
+def test_no_import_circle_between_documents_and_the_dump_reader():
+    """`data.documents` converts deferred wikitext through `data.wikitext`, which imports nothing of
+    `data`: importing either module first works, and the converter loads no source module (#17 item 7)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, data.wikitext; assert not [m for m in sys.modules if m.startswith('data.') and "
+        "m != 'data.wikitext'], sorted(sys.modules); import data.sources.wiki_dump, data.documents"
+    )
+    for code in (probe, "import data.documents, data.sources.wiki_dump", "import data.sources.wiki_dump"):
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    page = Document(title="t", text="'''Bold''' [[link|text]] here.{{cite|x}}", source="s", markup="wikitext")
+    assert page.plain_text() == wikitext_to_text(page.text) == "Bold text here."
