@@ -6,7 +6,13 @@ Parameters, gradients and optimizer states are fp32 tensors with the shapes of H
 the same fixed gradients (values do not affect the timing). Each record races two optimizers, their
 steps interleaved so that machine noise hits both alike, with at most two optimizer states alive:
 
-- `Lamb` eager and `Lamb(compile=True)` (NVLAMB) vs `torch.optim.AdamW(fused=True)`. Target ≤ 1.5×.
+- `Lamb` eager and `Lamb(compile=True)` (NVLAMB) vs `torch.optim.AdamW(fused=True)`. Target ≤ 1.5×
+  (issue #3), ≤ 1.6× compiled (issue #15). Also LAMB's global gradient-norm pass alone against the same
+  peer (`lamb_gradient_norm_pass`): one read of every gradient, which AdamW without clipping skips; the
+  compiled step with every tensor compiled against the default (small tensors eager,
+  `lamb_compiled_step_every_tensor_compiled`); and each pass of the compiled step on one large tensor
+  against fused AdamW on a tensor as large (`lamb_kernel_*`: the two kernels, the gradient norm with
+  ATen's norm and as the BLAS dot `global_grad_norm` takes on CPU).
 - `Lamb` eager and compiled vs torch-optimizer's `Lamb` (the `bench` extra; recorded as skipped, with
   the reason, if it is missing). Target: ours ≥ 3× faster, i.e. ratio ≤ 0.333.
 - The 1-bit LAMB compression-stage step with one process (the n = 1 path: compute only, no wire time
@@ -34,6 +40,9 @@ import torch
 
 from bench.records import Record, write_records
 from pretrain.optim import Lamb, OnebitLamb, param_groups
+from pretrain.optim import compiled as compiled_module
+from pretrain.optim import functional as F
+from pretrain.optim.base import global_grad_norm
 
 PEER_ADAMW = "torch.optim.AdamW(fused=True)"
 PEER_TORCH_OPTIMIZER = "torch_optimizer.Lamb"
@@ -119,6 +128,62 @@ def _onebit_in_compression(groups: list[dict], **options: Any) -> OnebitLamb:
     return optimizer
 
 
+class _GradientNormPass:
+    """LAMB's global gradient-norm pass alone (`step()` as LAMB's first line runs it): one read of every
+    gradient that AdamW without clipping does not make. Recorded to show its share of LAMB's ratio."""
+
+    def __init__(self, groups: list[dict]) -> None:
+        self.grads = [p.grad for group in groups for p in group["params"]]
+
+    def step(self) -> None:
+        global_grad_norm(self.grads)
+
+
+class _EveryTensorCompiled:
+    """`Lamb(compile=True)` with every tensor through the compiled kernels (`COMPILED_MIN_NUMEL` = 0, the
+    path before small tensors took the eager update): the same run's A/B of that change."""
+
+    def __init__(self, groups: list[dict]) -> None:
+        self.optimizer = Lamb(groups, lr=1e-3, compile=True)
+
+    def step(self) -> None:
+        saved, compiled_module.COMPILED_MIN_NUMEL = compiled_module.COMPILED_MIN_NUMEL, 0
+        try:
+            self.optimizer.step()
+        finally:
+            compiled_module.COMPILED_MIN_NUMEL = saved
+
+
+def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
+    """Seconds of fused AdamW's step on one fp32 tensor of `numel` elements and of each pass of the
+    compiled LAMB step on a tensor as large: the two kernels, the gradient norm with ATen's norm and as
+    the BLAS dot that `global_grad_norm` takes on CPU."""
+    param = torch.nn.Parameter(0.02 * torch.randn(numel))
+    param.grad = 1e-3 * torch.randn(numel)
+    adamw = torch.optim.AdamW([param], lr=1e-3, fused=True)
+    flat, grad = param.data.view(-1), param.grad.view(-1)
+    exp_avg, exp_avg_sq, update = torch.zeros(numel), torch.zeros(numel), torch.empty(numel)
+    direction = compiled_module.compiled(F.lamb_tensor_direction_)
+    apply = compiled_module.compiled(F.lamb_tensor_apply_)
+    scalars = F.lamb_kernel_scalars(
+        clamp_ratio=False, lr=1e-3, eps=1e-6, weight_decay=0.01, bias_correction1=0.1,
+        bias_correction2_sqrt=0.03, grad_scale=1.0, beta1=0.9, beta2=0.999,
+    )  # fmt: skip
+    norms = torch.ones(2)
+    with torch.no_grad():
+        return interleaved_medians(
+            {
+                "adamw": adamw.step,
+                "direction": lambda: direction(flat, grad, exp_avg, exp_avg_sq, update, scalars),
+                "apply": lambda: apply(flat, update, norms, scalars, clamp_ratio=False),
+                "norm_aten": lambda: torch.linalg.vector_norm(grad),
+                "norm_dot": lambda: torch.dot(grad, grad),
+            },
+            warmup,
+            reps,
+        )
+
+
 class Contenders:
     """Optimizers over the same tensors, built on first use and released when a pair no longer needs
     them: at most two optimizer states are alive at a time (BERT-Large: ≈ 2.7 GB each, 5.4 for 1-bit
@@ -139,6 +204,10 @@ class Contenders:
             return _torch_optimizer_lamb(groups)
         if name == "onebit":
             return _onebit_in_compression(groups)
+        if name == "every_tensor_compiled":
+            return _EveryTensorCompiled(groups)  # type: ignore[return-value]
+        if name == "grad_norm":
+            return _GradientNormPass(groups)  # type: ignore[return-value]
         if name in ("onebit_default", "onebit_compiled"):
             row_groups = _decay_groups(self.model, row_scales=True)
             return _onebit_in_compression(row_groups, **DEFAULT_ONEBIT, compile=name == "onebit_compiled")
@@ -215,9 +284,33 @@ def main(argv: list[str]) -> None:
             records.append(
                 Record(name, float("nan"), "s", None, None, vs_peer, {**config, "skipped_peer": skipped})
             )
-    compiled, adamw = contenders.race(("compiled", "adamw"), warmup, reps)
+    compiled, adamw = contenders.race(("compiled", "adamw"), warmup, reps, keep=("adamw",))
     compiled_config = {**config, "compile_seconds": round(contenders.compile_seconds, 1)}
-    records.append(Record("lamb_compiled_step", compiled, "s", PEER_ADAMW, adamw, step_time, compiled_config))
+    records.append(Record("lamb_compiled_step", compiled, "s", PEER_ADAMW, adamw, "<= 1.6", compiled_config))
+    norm, adamw = contenders.race(("grad_norm", "adamw"), warmup, reps)
+    note = "LAMB's global gradient-norm pass alone (part of both LAMB steps above); AdamW does not clip"
+    norm_config = {**config, "note": note}
+    records.append(Record("lamb_gradient_norm_pass", norm, "s", PEER_ADAMW, adamw, None, norm_config))
+    every, split = contenders.race(("every_tensor_compiled", "compiled"), warmup, reps)
+    note = f"every tensor compiled vs tensors below {compiled_module.COMPILED_MIN_NUMEL} elements eager"
+    records.append(
+        Record(
+            "lamb_compiled_step_every_tensor_compiled",
+            every,
+            "s",
+            "pretrain.optim.Lamb(compile=True)",
+            split,
+            None,
+            {**config, "note": note},
+        )
+    )
+    kernel_numel = (64 if large else 16) << 20
+    times = kernel_breakdown(kernel_numel, warmup, reps + 2)
+    note = "one tensor; fused AdamW's step on it is the peer"
+    kernel_config = {**config, "numel": kernel_numel, "note": note}
+    for name in ("direction", "apply", "norm_aten", "norm_dot"):
+        seconds, peer = times[name], times["adamw"]
+        records.append(Record(f"lamb_kernel_{name}", seconds, "s", PEER_ADAMW, peer, None, kernel_config))
     onebit, lamb = contenders.race(("onebit", "lamb"), warmup, reps, keep=("lamb",))
     note = "compute only: one process, so no compressed allreduce and no kappa scaling"
     records.append(

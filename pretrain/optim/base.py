@@ -39,6 +39,20 @@ def global_norm(per_tensor_norms: Tensor) -> Tensor:
     return torch.linalg.vector_norm(per_tensor_norms.float())
 
 
+def global_grad_norm(grads: list[Tensor]) -> Tensor:
+    """√Σ‖g_i‖² over the tensors themselves, fp32 scalar, non-finite as `global_norm`.
+
+    fp32 tensors on CPU: one BLAS dot product per tensor, which reads memory ~1.7× as fast as ATen's
+    norm kernel there (one read stream per thread; `bench optim`'s `lamb_gradient_norm_pass`; the sums
+    differ in rounding only). Elsewhere the multi-tensor norm kernel: one launch for all tensors."""
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    if grads[0].device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
+        flat = [g.reshape(-1) for g in grads]
+        return torch.stack([torch.dot(g, g) for g in flat]).sum().sqrt()
+    return global_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+
+
 # On CPU, updates run over chunks of consecutive tensors of about this many elements: the scratch stays
 # small and a chunk's several passes hit the cache. On accelerators a chunk is a whole group (fewer
 # kernel launches; memory bandwidth is what counts there).

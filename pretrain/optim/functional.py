@@ -211,20 +211,19 @@ def lamb_tensor_direction_(
     exp_avg_sq: Tensor,
     update: Tensor,
     scalars: Tensor,
-    *,
-    beta1: float,
-    beta2: float,
 ) -> Tensor:
     """First half of one tensor's LAMB step, written for `torch.compile` (one fused loop).
 
     Moments as `adam_moments_`, then `update` ← a·m/(√v + e) + λp. Returns [‖p‖, ‖u‖]. Everything that
-    changes between steps arrives in the 1-D tensor `scalars` (`lamb_kernel_scalars`): one compiled graph
-    serves every step, and no scalar power or root is re-evaluated inside the generated element loop.
+    changes between steps, and the betas, arrive in the 1-D tensor `scalars` (`lamb_kernel_scalars`): one
+    compiled graph serves every step, no scalar power or root is re-evaluated inside the generated element
+    loop, and a call wraps no Python float (each float argument costs a tensor conversion per call).
     """
-    _, grad_scale, direction_scale, eps, weight_decay, _, _, _ = scalars.unbind()
+    grad_scale, direction_scale, eps, weight_decay = scalars[1], scalars[2], scalars[3], scalars[4]
+    beta1, one_minus_beta1, beta2, one_minus_beta2 = scalars[8], scalars[9], scalars[10], scalars[11]
     scaled_grad = grad * grad_scale
-    exp_avg.mul_(beta1).add_(scaled_grad * (1.0 - beta1))
-    exp_avg_sq.mul_(beta2).add_(scaled_grad * scaled_grad * (1.0 - beta2))
+    exp_avg.mul_(beta1).add_(scaled_grad * one_minus_beta1)
+    exp_avg_sq.mul_(beta2).add_(scaled_grad * scaled_grad * one_minus_beta2)
     update.copy_(direction_scale * exp_avg / (exp_avg_sq.sqrt() + eps) + weight_decay * param)
     return torch.stack([torch.linalg.vector_norm(param), torch.linalg.vector_norm(update)])
 
@@ -234,7 +233,8 @@ def lamb_tensor_apply_(
 ) -> Tensor:
     """Second half: p ← p − η·b·r·u with r = ‖p‖/‖u‖ (1 where a norm is 0), clamped to [min, max] if
     `clamp_ratio` (deepspeed), else applied only where λ ≠ 0 (nvlamb). Returns r (0-dim)."""
-    lr, _, _, _, weight_decay, step_scale, min_coeff, max_coeff = scalars.unbind()
+    lr, weight_decay, step_scale = scalars[0], scalars[4], scalars[5]
+    min_coeff, max_coeff = scalars[6], scalars[7]
     param_norm, update_norm = norms.unbind()
     usable = (param_norm > 0) & (update_norm > 0)
     ratio = torch.where(usable, param_norm / torch.where(usable, update_norm, 1.0), 1.0)
@@ -255,18 +255,22 @@ def lamb_kernel_scalars(
     bias_correction1: float,
     bias_correction2_sqrt: float,
     grad_scale: float,
+    beta1: float,
+    beta2: float,
     min_coeff: float = 0.0,
     max_coeff: float = 0.0,
     device: torch.device | str = "cpu",
 ) -> Tensor:
     """`scalars` of `lamb_tensor_direction_`/`lamb_tensor_apply_`. nvlamb (clamp_ratio False) puts the bias
     correction in the direction (a = √bc2/bc1, e = ε·√bc2, b = 1), deepspeed on the step (a = 1, e = ε,
-    b = √bc2/bc1): the same numbers as `nvlamb_update_` / `deepspeed_lamb_update_`."""
+    b = √bc2/bc1): the same numbers as `nvlamb_update_` / `deepspeed_lamb_update_`. The betas' complements
+    are taken here in double precision, as the eager foreach calls take them."""
     correction = bias_correction2_sqrt / bias_correction1
     direction_scale, scaled_eps, step_scale = (
         (1.0, eps, correction) if clamp_ratio else (correction, eps * bias_correction2_sqrt, 1.0)
     )
     values = [lr, grad_scale, direction_scale, scaled_eps, weight_decay, step_scale, min_coeff, max_coeff]
+    values += [beta1, 1.0 - beta1, beta2, 1.0 - beta2]
     return torch.tensor(values, dtype=torch.float32, device=device)
 
 

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from pretrain.optim import functional as F
-from pretrain.optim.base import OptimizerBase, evaluate_closure, global_norm, is_finite
-from pretrain.optim.compiled import compiled
+from pretrain.optim.base import OptimizerBase, evaluate_closure, global_grad_norm, is_finite
+from pretrain.optim.compiled import compiled, pick, split_by_size
 
 
 class LambVariant(str, enum.Enum):
@@ -49,7 +49,9 @@ class Lamb(OptimizerBase):
         min_coeff, max_coeff: trust-ratio clamp of the deepspeed variant (ignored by nvlamb).
         compile: run the update as two `torch.compile`d kernels per tensor (`F.lamb_tensor_direction_`,
             `F.lamb_tensor_apply_`; the first steps compile, about 10–30 s on CPU) instead of the eager
-            foreach functions. Same math; results agree to float rounding, not bitwise.
+            foreach functions, for tensors of at least `compiled.COMPILED_MIN_NUMEL` elements (the smaller
+            ones, whose update costs less than one compiled call, stay on the foreach path). Same math;
+            results agree to float rounding, not bitwise.
 
     The step counter is per group (`group["step"]`, apex semantics); a parameter without a gradient is
     left untouched. A step whose gradients hold Inf/NaN is skipped (`last_step_skipped`).
@@ -93,7 +95,7 @@ class Lamb(OptimizerBase):
         loss = evaluate_closure(closure)
         groups = [[p for p in group["params"] if p.grad is not None] for group in self.param_groups]
         grads = [[self._fp32_grad(p) for p in params] for params in groups]
-        total_norm = global_norm(F.grad_norms([g for gs in grads for g in gs]))
+        total_norm = global_grad_norm([g for gs in grads for g in gs])
         if self._record_skip(not is_finite(total_norm)):
             return loss
         grad_scale = self._grad_scale(total_norm)
@@ -173,14 +175,23 @@ class Lamb(OptimizerBase):
         **hyper: Any,
     ) -> None:
         """Two compiled kernels per tensor (one graph each for 1-D tensors of any length): moments and
-        direction into the workspace with the two norms, then the trust-ratio step."""
+        direction into the workspace with the two norms, then the trust-ratio step. Tensors below
+        `compiled.COMPILED_MIN_NUMEL` elements take the eager foreach update in one batch instead: a
+        compiled call's fixed cost is more than their whole update."""
+        tensor_lists = [params, grads, exp_avgs, exp_avg_sqs]
+        small, large = split_by_size(params)
+        if small:
+            self._eager_update(*pick(tensor_lists, small), beta1=beta1, beta2=beta2, **hyper)
+        if not large:
+            return
+        params, grads, exp_avgs, exp_avg_sqs = pick(tensor_lists, large)
         clamp_ratio = self.variant is LambVariant.deepspeed
         scalars = F.lamb_kernel_scalars(
-            clamp_ratio=clamp_ratio, min_coeff=self.min_coeff, max_coeff=self.max_coeff,
-            device=params[0].device, **hyper,
+            clamp_ratio=clamp_ratio, min_coeff=self.min_coeff, max_coeff=self.max_coeff, beta1=beta1,
+            beta2=beta2, device=params[0].device, **hyper,
         )  # fmt: skip
         scratch = self.workspace.flat(max(p.numel() for p in params), params[0].device)
         for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
             p, g, m, v, update = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1), scratch[: p.numel()]
-            norms = self._direction(p, g, m, v, update, scalars, beta1=beta1, beta2=beta2)
+            norms = self._direction(p, g, m, v, update, scalars)
             self._apply(p, update, norms, scalars, clamp_ratio=clamp_ratio)

@@ -88,8 +88,7 @@ from torch import Tensor
 from pretrain.comm import CompressedAllreduce, TrafficCounter, padded_numel
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.layout import Block, ScaleLayout
-from pretrain.optim import functional as F
-from pretrain.optim.base import OptimizerBase, evaluate_closure, global_norm
+from pretrain.optim.base import OptimizerBase, evaluate_closure, global_grad_norm
 
 logger = logging.getLogger(__name__)
 
@@ -397,7 +396,7 @@ class OnebitOptimizer(OptimizerBase):
         return [view for segment in self._ensure_state() for view in segment.views_of(segment.local[worker])]  # type: ignore[index]
 
     def _any_rank_nonfinite(self, grads: list[Tensor]) -> bool:
-        flag = (~torch.isfinite(global_norm(F.grad_norms(grads)))).float().reshape(1)
+        flag = (~torch.isfinite(global_grad_norm(grads))).float().reshape(1)
         if self.num_processes > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())

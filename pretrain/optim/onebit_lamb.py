@@ -177,12 +177,11 @@ class OnebitLamb(OnebitOptimizer):
             params = group["params"]
             tensors = [[self._fp32_param(p) for p in params], grads[span]]
             tensors += [self._states(params, "exp_avg"), self._states(params, "exp_avg_sq")]
-            extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
             coeffs: Tensor | None
             if self._compiled_warmup is not None:
                 coeffs = self._compiled_warmup_group(group, tensors)
             else:
-                coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **self._hyper(group))
+                coeffs = self._eager_warmup_group(group, tensors)
             coeff_freeze = self._states(params, "lamb_coeff_freeze")
             ema = F.freeze_coeff_ema(torch.stack(coeff_freeze), coeffs, self.coeff_beta)  # type: ignore[arg-type]
             torch._foreach_copy_(coeff_freeze, list(ema.unbind()))
@@ -190,21 +189,35 @@ class OnebitLamb(OnebitOptimizer):
             counts = self._coeff_update_counts(params)
             torch._foreach_add_(counts, list((coeffs != 1.0).float().unbind()))
 
+    def _eager_warmup_group(self, group: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor:
+        extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
+        coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **self._hyper(group))
+        assert coeffs is not None
+        return coeffs
+
     def _compiled_warmup_group(self, group: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor:
+        """Compiled kernels for the large tensors, the eager foreach step for the small ones (one
+        compiled call costs more than their whole update: `compiled.COMPILED_MIN_NUMEL`)."""
         assert self._compiled_warmup is not None
         hyper = self._hyper(group)
         params = tensors[0]
-        scalars = F.lamb_kernel_scalars(
-            clamp_ratio=True, lr=hyper["lr"], eps=hyper["eps"], weight_decay=hyper["weight_decay"],
-            bias_correction1=1.0, bias_correction2_sqrt=1.0, grad_scale=1.0,
-            min_coeff=self.min_coeff, max_coeff=self.max_coeff, device=params[0].device,
-        )  # fmt: skip
-        scratch = self.workspace.flat(max(p.numel() for p in params), params[0].device)
-        grads, exp_avgs, exp_avg_sqs = tensors[1:]
-        return self._compiled_warmup(
-            params, grads, exp_avgs, exp_avg_sqs, scratch, beta1=hyper["beta1"], beta2=hyper["beta2"],
-            scalars=scalars,
-        )  # fmt: skip
+        coeffs = torch.empty(len(params), dtype=torch.float32, device=params[0].device)
+        small, large = compiled.split_by_size(params)
+        if small:
+            coeffs[small] = self._eager_warmup_group(group, compiled.pick(tensors, small))
+        if large:
+            scalars = F.lamb_kernel_scalars(
+                clamp_ratio=True, lr=hyper["lr"], eps=hyper["eps"], weight_decay=hyper["weight_decay"],
+                bias_correction1=1.0, bias_correction2_sqrt=1.0, grad_scale=1.0, beta1=hyper["beta1"],
+                beta2=hyper["beta2"], min_coeff=self.min_coeff, max_coeff=self.max_coeff,
+                device=params[0].device,
+            )  # fmt: skip
+            params, grads, exp_avgs, exp_avg_sqs = compiled.pick(tensors, large)
+            scratch = self.workspace.flat(max(p.numel() for p in params), params[0].device)
+            coeffs[large] = self._compiled_warmup(
+                params, grads, exp_avgs, exp_avg_sqs, scratch, scalars=scalars
+            )
+        return coeffs
 
     def _freeze(self) -> None:
         """v_f ← v; κ is recomputed at the next (first compression) step; the factor rule restarts at 1."""

@@ -38,8 +38,11 @@ def _model() -> torch.nn.Module:
 
 
 def _optimizer(model: torch.nn.Module, compile: bool):
-    from pretrain.optim import OnebitLamb
+    from pretrain.optim import OnebitLamb, compiled
 
+    # this process only: the warmup's matrices through the compiled kernels, its vectors through the
+    # eager foreach step (the default threshold would send every tensor of this small model there)
+    compiled.COMPILED_MIN_NUMEL = 100
     embedding, *rest = model.parameters()
     mask = (torch.arange(VOCAB) < USED_TOKENS).float().unsqueeze(1)
     groups = [

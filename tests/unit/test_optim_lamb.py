@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pretrain.optim import Lamb
+from pretrain.optim import compiled as compiled_module
 from pretrain.optim import functional as F
 
 
@@ -188,7 +189,10 @@ def test_overflow_skips_the_step_and_counts_it(bad):
 @pytest.mark.slow  # compiling takes ~15 s on 2 CPU cores with a cold inductor cache
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("variant", ["nvlamb", "deepspeed"])
-def test_compiled_update_matches_eager(variant):
+# every tensor compiled; only the 72-element weight compiled, the rest eager
+@pytest.mark.parametrize("min_numel", [0, 64])
+def test_compiled_update_matches_eager(variant, min_numel, monkeypatch):
+    monkeypatch.setattr(compiled_module, "COMPILED_MIN_NUMEL", min_numel)
     eager_model, compiled_model = _model(), _model()
     eager = Lamb(_groups(eager_model), variant=variant)
     compiled = Lamb(_groups(compiled_model), variant=variant, compile=True)
@@ -198,6 +202,12 @@ def test_compiled_update_matches_eager(variant):
             opt.step()
     for a, b in zip(eager_model.parameters(), compiled_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_small_tensors_take_the_eager_path():
+    tensors = [torch.zeros(compiled_module.COMPILED_MIN_NUMEL), torch.zeros(3), torch.zeros(2, 1 << 15)]
+    assert compiled_module.split_by_size(tensors) == ([1], [0, 2])
+    assert compiled_module.pick([tensors, ["a", "b", "c"]], [2, 0]) == [[tensors[2], tensors[0]], ["c", "a"]]
 
 
 def test_statistics_report_the_applied_trust_ratios():
@@ -223,3 +233,20 @@ def test_statistics_report_the_applied_trust_ratios():
     deepspeed = run("deepspeed", bias_correction=False, min_coeff=0.01, max_coeff=0.3)
     assert deepspeed["trust_ratio_max_group0"] == pytest.approx(0.3)
     assert deepspeed["trust_ratio_min_group1"] == pytest.approx(0.3)
+
+
+def test_global_grad_norm_equals_the_norm_of_norms_and_flags_inf_nan():
+    from pretrain.optim.base import global_grad_norm, global_norm
+
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 5), torch.randn(7).t(), torch.randn(4, 6).t()]  # non-contiguous too
+    expected = global_norm(F.grad_norms(grads))
+    torch.testing.assert_close(global_grad_norm(grads), expected, rtol=1e-6, atol=0)
+    low = [g.bfloat16() for g in grads]  # not fp32: the multi-tensor norm path
+    torch.testing.assert_close(global_grad_norm(low), global_norm(F.grad_norms(low)), rtol=1e-6, atol=0)
+    assert global_grad_norm(low).dtype == torch.float32
+    assert float(global_grad_norm([])) == 0.0
+    for bad in (float("inf"), float("nan")):
+        broken = [g.clone() for g in grads]
+        broken[1][2] = bad
+        assert not torch.isfinite(global_grad_norm(broken))
