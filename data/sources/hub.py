@@ -14,6 +14,7 @@ from typing import Any
 
 from data.config import SourceConfig
 from data.documents import DataError, Document, SkipCounter
+from data.hub_access import load_from_hub
 from data.sources.books import join_paragraphs
 from data.sources.files import one_line
 
@@ -29,6 +30,12 @@ _BUILDER_OF_SUFFIX = {
     ".csv": "csv",
 }
 _SAVED_DATASET_FILES = ("state.json", "dataset_dict.json")
+PREPARE_WAYS_FORWARD = (
+    "either prepare on a machine with network access into a shared folder (make prepare "
+    "DATA=<config> ARGS='data.shards.output_dir=<shared>/prepared') and pretrain from it "
+    "(ARGS='data_dir=<shared>/prepared'), or read a local copy: this source's 'path:' (a save_to_disk "
+    "folder or parquet/json files with the hub's columns) or raw dumps (source kind wiki_dump, books)"
+)
 
 
 def read_hub_wikipedia(cfg: SourceConfig, skips: SkipCounter) -> Iterator[Document]:
@@ -91,9 +98,15 @@ def _load(cfg: SourceConfig) -> tuple[str, Iterable[Mapping[str, Any]]]:
         raise DataError(f"a '{cfg.kind.value}' source needs 'hub_name' or 'path'")
     name = cfg.hub_name if cfg.hub_config is None else f"{cfg.hub_name}/{cfg.hub_config}"
     try:
-        records = datasets.load_dataset(
-            cfg.hub_name, cfg.hub_config, split=cfg.split, streaming=cfg.streaming
+        records = load_from_hub(
+            lambda: datasets.load_dataset(
+                cfg.hub_name, cfg.hub_config, split=cfg.split, streaming=cfg.streaming
+            ),
+            name,
+            PREPARE_WAYS_FORWARD,
         )
+    except DataError:
+        raise
     except (FileNotFoundError, ValueError) as error:
         raise DataError(f"{name}: cannot load split '{cfg.split}': {one_line(error)}") from error
     return name, records

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from data.documents import DataError
-from finetune.tasks.spec import TaskSpec
+from data.hub_access import load_from_hub
+from finetune.tasks.spec import FINETUNE_WAYS_FORWARD, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,10 @@ def _load_hub(
 
     layout = _layout(task)
     hub_split = _HUB_SPLITS.get(split, split)
-    dataset = datasets.load_dataset(task.hub[0], task.hub[1], split=hub_split)
+    name = f"{task.hub[0]}/{task.hub[1]}:{hub_split}" if task.hub[1] else f"{task.hub[0]}:{hub_split}"
+    dataset = load_from_hub(
+        lambda: datasets.load_dataset(task.hub[0], task.hub[1], split=hub_split), name, FINETUNE_WAYS_FORWARD
+    )
     if max_examples is not None:
         dataset = dataset.select(range(min(max_examples, len(dataset))))
     source = f"{task.hub[0]}/{task.hub[1]}:{hub_split}"

@@ -48,3 +48,11 @@ class TaskSpec:
             "2.0",
         ):
             raise ValueError(f"task {self.name}: squad_version {self.squad_version!r} for kind {self.kind}")
+
+
+# How a task runs where the hub cannot be reached (`data.hub_access.load_from_hub` puts it in the error).
+FINETUNE_WAYS_FORWARD = (
+    "either read the task's files from a local folder in the shared-data layout (data_dir=<folder> "
+    "holding squad/ or glue_data/), or load it once on a machine with network access into a shared "
+    "HF_HOME and run here with HF_DATASETS_OFFLINE=1"
+)

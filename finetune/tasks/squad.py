@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from data.documents import DataError
-from finetune.tasks.spec import TaskSpec
+from data.hub_access import load_from_hub
+from finetune.tasks.spec import FINETUNE_WAYS_FORWARD, TaskSpec
 
 _HUB_SPLITS = {"train": "train", "dev": "validation"}
 
@@ -143,7 +144,10 @@ def _hub_records(task: TaskSpec, split: str):
     import datasets  # lazily: slow to import, needed only for hub runs
 
     hub_split = _HUB_SPLITS.get(split, split)
-    dataset = datasets.load_dataset(task.hub[0], task.hub[1], split=hub_split)
+    name = f"{task.hub[0]}/{task.hub[1]}:{hub_split}" if task.hub[1] else f"{task.hub[0]}:{hub_split}"
+    dataset = load_from_hub(
+        lambda: datasets.load_dataset(task.hub[0], task.hub[1], split=hub_split), name, FINETUNE_WAYS_FORWARD
+    )
     for row_number, row in enumerate(dataset):
         try:
             answers = [
