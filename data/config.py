@@ -77,6 +77,10 @@ class InstanceConfig:
 
     max_seq_lengths: list[int] = field(default_factory=lambda: [128, 512])
     short_seq_prob: float = 0.1
+    # Where the short target is drawn: "chunk" (each chunk of sentences, the default for new preparations)
+    # or "document" (once per document, as the original create_pretraining_data does: one draw can make a
+    # whole book short, all its pairs random-next; kept for parity and for the committed study's data).
+    short_seq_draw: str = "chunk"
     duplicate_factor: int = 1  # passes over each document with different random choices
     min_sentences_per_document: int = 2  # shorter documents are skipped and counted
     seed: int = 12345
@@ -93,6 +97,10 @@ class InstanceConfig:
             raise ValueError("data.instances.max_seq_lengths must be a non-empty list of lengths >= 8")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ValueError("data.instances.short_seq_prob must be in [0, 1]")
+        if self.short_seq_draw not in ("chunk", "document"):
+            raise ValueError(
+                f"data.instances.short_seq_draw must be chunk or document, not {self.short_seq_draw!r}"
+            )
         if self.duplicate_factor < 1:
             raise ValueError("data.instances.duplicate_factor must be >= 1")
         if not 0.0 < self.masked_lm_prob < 1.0:

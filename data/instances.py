@@ -78,11 +78,15 @@ def create_instances(
     cls_id: int,
     sep_id: int,
     duplicate_factor: int = 1,
+    short_per_chunk: bool = False,
 ) -> list[Instance]:
     """All NSP instances of `documents`, `duplicate_factor` passes, deterministic given `rng`'s state.
 
-    Per document: the target length is `max_seq_length - 3`, or with probability `short_seq_prob` a
-    uniform length in [2, max_seq_length - 3]. Sentences accumulate into a chunk until it reaches the
+    Per document (the original algorithm), or per chunk with `short_per_chunk`: the target length is
+    `max_seq_length - 3`, or with probability `short_seq_prob` a uniform length in [2, max_seq_length - 3].
+    Drawn once per document, one unlucky draw makes a whole long document (a book) short: every chunk one
+    sentence, hence every pair random-next. Drawn per chunk, 10 % of the chunks are short wherever they
+    are. Sentences accumulate into a chunk until it reaches the
     target or the document ends; A is the chunk's first `a_end` sentences (`a_end` uniform in
     [1, len - 1], 1 for a one-sentence chunk). With probability 0.5, and always for a one-sentence
     chunk, B is a run of sentences of another document from a random start, up to `target - len(A)`
@@ -157,5 +161,9 @@ def create_instances(
                         append(Instance(input_ids, len(tokens_a) + 2, int(is_random_next)))
                     chunk = []
                     chunk_length = 0
+                    if short_per_chunk:  # the next chunk's target
+                        target_length = max_num_tokens
+                        if random_float() < short_seq_prob:
+                            target_length = randint(2, max_num_tokens)
                 sentence_index += 1
     return instances

@@ -183,6 +183,7 @@ def process_chunk(index: int, documents: list[Document], context: WorkerContext)
             cls_id=context.special_ids["cls_id"],
             sep_id=context.special_ids["sep_id"],
             duplicate_factor=cfg.duplicate_factor,
+            short_per_chunk=cfg.short_seq_draw == "chunk",
         )
         static = _static_masks(instances, context, max_seq_length, index) if cfg.static_masking else None
         info = write_shard(

@@ -189,3 +189,46 @@ def test_invalid_arguments():
         create_instances([[[5, 6]]], 4, 0.0, random.Random(0), CLS, SEP)
     with pytest.raises(ValueError, match="duplicate_factor"):
         create_instances([[[5, 6]]], 16, 0.0, random.Random(0), CLS, SEP, duplicate_factor=0)
+
+
+def _book_corpus(seed: int = 7) -> tuple[list[list[list[int]]], int]:
+    """One long document (a book: 1,500 sentences) among 40 articles; returns (documents, the book's
+    last token id + 1): the book's tokens are the ids below it."""
+    rng = random.Random(seed)
+    next_token = FIRST_TOKEN
+    documents = []
+    for num_sentences in [1500] + [rng.randint(5, 10) for _ in range(40)]:
+        document = []
+        for _ in range(num_sentences):
+            length = rng.randint(8, 30)
+            document.append(list(range(next_token, next_token + length)))
+            next_token += length
+        documents.append(document)
+    return documents, FIRST_TOKEN + sum(len(s) for s in documents[0])
+
+
+@pytest.mark.parametrize("per_chunk", [False, True])
+def test_short_targets_per_chunk_keep_a_book_from_going_short(per_chunk: bool):
+    """#17 item 6. Drawn once per document (the original), one draw in ten makes the whole book short:
+    its pairs' fill collapses and nearly all of them are random-next, so the corpus statistics swing with
+    the seed. Drawn per chunk, the book's fill and random-next rate barely move across seeds."""
+    documents, book_end = _book_corpus()
+    fills, random_rates = [], []
+    for seed in range(40):
+        instances = create_instances(
+            documents, 128, 0.1, random.Random(seed), CLS, SEP, short_per_chunk=per_chunk
+        )
+        book = [i for i in instances if i.input_ids[1] < book_end]  # A starts in the book
+        fills.append(np.mean([len(i.input_ids) / 128 for i in book]))
+        random_rates.append(np.mean([i.next_sentence_label for i in book]))
+    spread = max(fills) - min(fills)
+    if per_chunk:
+        assert spread < 0.05 and max(random_rates) < 0.6, (fills, random_rates)
+        assert 0.8 < np.mean(fills) < 0.95  # 10 % of chunks short: below the full-length fill
+    else:
+        assert spread > 0.3 and max(random_rates) > 0.75, (fills, random_rates)  # some seed made it short
+
+
+def test_short_per_chunk_off_is_the_original_stream(corpus: Corpus):
+    assert make(corpus, seed=4, short_per_chunk=False) == make(corpus, seed=4)
+    assert make(corpus, seed=4, short_per_chunk=True) != make(corpus, seed=4)
