@@ -125,6 +125,7 @@ def test_resume_after_kill(tmp_path: Path):
         (["data=tiny", "data.sources=[{kind:books,path:/nonexistent/books}]"], "/nonexistent/books"),
         (["data=tiny", "data.tokenizer.vocab_file=/nonexistent/vocab.txt"], "/nonexistent/vocab.txt"),
         (["data=tiny", "data.instances.short_seq_prob=2.0"], "short_seq_prob"),
+        (["data=tiny", "data.instances.short_seq_draw=book"], "short_seq_draw"),
         (["data=tiny", "data.shards.chunk_mb=0"], "chunk_mb"),
         (["data=tiny", "data.sources=[]"], "data.sources"),
         (["data=tiny", "data.instances.max_seq_lenghts=[128]"], "max_seq_lenghts"),
