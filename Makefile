@@ -33,13 +33,14 @@ PYTEST_ARGS ?=
 SLOW   ?= 1
 PYTEST_MARK := $(if $(filter 0,$(SLOW)),-m "not slow",)
 
-.PHONY: help setup demo test lint prepare pretrain finetune compare dashboard bench bench-net reliability clean-prepared
+.PHONY: help setup demo test lint prepare preflight pretrain finetune compare dashboard bench bench-net reliability clean-prepared
 
 help:
 	@echo "make demo      whole pipeline at tiny scale on ../shared/data (creates .venv)"
 	@echo "make test      all tests (SLOW=0 skips the slow tier)"
 	@echo "make prepare   DATA=<sample|tiny|wikipedia_bookcorpus> ARGS='hydra overrides'"
 	@echo "make pretrain  BATCH=<demo|8k|16k|32k|64k> OPT=<lamb|onebit_lamb|adamw|onebit_adam> MODEL=... NPROC=..."
+	@echo "make preflight BATCH=... OPT=... MODEL=... NPROC=<world size>: what make pretrain would do, and whether it can"
 	@echo "make finetune  TASK=<squad|mrpc|...|glue> [CKPT=<run folder or HF folder>: default the latest run] FT_NPROC=... ARGS=..."
 	@echo "make compare   STUDY=<name> RUNS='results/runs/a results/runs/b*' -> results/<name>/report.md"
 	@echo "make dashboard W&B workspace spec (ARGS='save=true entity=<team>' creates it)"
@@ -104,6 +105,12 @@ data/prepared/%/seq128/manifest.json: | setup
 	$(PY) -m data.prepare data=$* show_progress=false
 
 # torchrun on this node; multi-node and SLURM: see launch/README.md
+# the pre-flight report (pretrain/preflight.py): what `make pretrain` with the same variables would do, and
+# whether it can; NPROC = the world size to check (e.g. 64 for 8 nodes of 8 GPUs)
+preflight: setup
+	$(PY) -m pretrain.preflight batch=$(BATCH) optim=$(OPT) model=$(MODEL) data_dir=data/prepared/$(PRETRAIN_DATA) \
+	  $(if $(NPROC),dry_run_world_size=$(NPROC),) $(ARGS)
+
 pretrain: setup data/prepared/$(PRETRAIN_DATA)/seq128/manifest.json
 	launch/torchrun.sh $(if $(NPROC),--nproc $(NPROC),) -- batch=$(BATCH) optim=$(OPT) model=$(MODEL) \
 	  data_dir=data/prepared/$(PRETRAIN_DATA) $(ARGS)

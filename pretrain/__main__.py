@@ -10,6 +10,7 @@ Exit codes: 0 done, 2 bad config/data/checkpoint (one-line error), 75 checkpoint
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -17,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from data.documents import DataError
-from pretrain.config import to_object
+from pretrain.config import TrainConfig, to_object
 
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
@@ -27,6 +28,7 @@ def main(dict_cfg: DictConfig) -> None:
 
     try:
         cfg = to_object(dict_cfg)
+        preflight_header(cfg)
         env = init_distributed()
         try:
             Trainer(cfg, env).fit()
@@ -42,6 +44,18 @@ def main(dict_cfg: DictConfig) -> None:
     except (DataError, ValueError) as error:
         print(f"pretrain: error: {error}", file=sys.stderr)
         sys.exit(2)
+
+
+def preflight_header(cfg: TrainConfig) -> None:
+    """The pre-flight report (pretrain/preflight.py) from the launcher's rank 0, before anything is built;
+    its errors stop every rank (each computes the same report) with the one-line message."""
+    from pretrain.preflight import build
+
+    report = build(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("\n".join(report.lines + [f"  note: {note}" for note in report.notes]), flush=True)
+    if report.problems:
+        raise ValueError(report.problems[0])
 
 
 if __name__ == "__main__":

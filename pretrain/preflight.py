@@ -1,0 +1,284 @@
+"""Pre-flight report: what a pretraining run will do and whether it can, before a GPU hour is spent.
+
+    make preflight BATCH=64k OPT=onebit_lamb MODEL=bert_large NPROC=64
+    python -m pretrain.preflight batch=64k optim=onebit_lamb model=bert_large dry_run_world_size=64
+
+One screen from the composed config alone (no data read, no model built beyond shapes on the meta device):
+devices seen, world size, per phase the micro batch, accumulation, samples and steps, the 1-bit
+`freeze_step` and the bytes per rank and step before and after it, an estimate of peak device memory per
+rank, checkpoint size against free disk at `run_dir`, whether the prepared data is there, the W&B mode.
+Impossible configurations are one line each and exit 2; suspicious ones are notes. `python -m pretrain`
+prints the same report's first lines as its header (`header_lines`).
+
+The memory figure is an estimate (parameters, gradients and optimizer state exactly; activations by the
+usual transformer formula, Korthikanti et al. 2022, without recomputation; allocator slack not counted);
+trust a real step's `torch.cuda.max_memory_allocated` over it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from pretrain.comm.counter import FP32_BYTES, compressed_call_traffic, ring_allreduce_bytes
+from pretrain.config import Precision, TrainConfig, to_object
+
+ONEBIT = ("onebit_lamb", "onebit_adam")
+LARGE_RECIPE_SAMPLES = 1_000_000  # more samples than this on CPU is a cluster recipe run by mistake
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # each one line naming the key and the fix
+
+    def text(self) -> str:
+        out = list(self.lines)
+        out += [f"  note: {note}" for note in self.notes]
+        out += [f"  error: {problem}" for problem in self.problems]
+        return "\n".join(out)
+
+
+def devices() -> tuple[str, str]:
+    """(kind, description) of what this process sees: cuda with names, memory and NCCL, or CPU/gloo."""
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        props = torch.cuda.get_device_properties(0)
+        nccl = ".".join(str(v) for v in torch.cuda.nccl.version()) if hasattr(torch.cuda, "nccl") else "?"
+        return "cuda", f"{count} x {props.name} ({props.total_memory / 2**30:.0f} GiB), nccl {nccl}"
+    return "cpu", "no GPU: CPU, gloo backend"
+
+
+def model_shapes(cfg: TrainConfig, vocab_size: int) -> tuple[Any, torch.nn.Module]:
+    """The HF BertConfig and a meta-device model (shapes only, no memory)."""
+    from transformers import BertForPreTraining
+
+    from pretrain.model import bert_config
+
+    config = bert_config(cfg.model, vocab_size)
+    with torch.device("meta"):
+        model = BertForPreTraining(config)
+    return config, model
+
+
+def activation_bytes(config: Any, seq: int, micro: int, bytes_per_value: int) -> float:
+    """Activations one forward/backward keeps for a micro batch: per layer s·b·h·(34 + 5·a·s/h) at 2 bytes
+    (scaled to `bytes_per_value`), plus the MLM logits and their gradient (s·b·V, fp32)."""
+    h, a, layers = config.hidden_size, config.num_attention_heads, config.num_hidden_layers
+    per_layer = seq * micro * h * (34 + 5 * a * seq / h) * bytes_per_value / 2
+    logits = 2 * seq * micro * config.vocab_size * FP32_BYTES
+    return layers * per_layer + logits
+
+
+def state_bytes(cfg: TrainConfig, numel: int, world: int) -> dict[str, float]:
+    """Per rank: fp32 parameters, gradients, optimizer state (1-bit: error buffers and the exchange's
+    scratch too)."""
+    parts = {"parameters": 4.0 * numel, "gradients": 4.0 * numel, "optimizer (m, v)": 8.0 * numel}
+    if cfg.optim.name in ONEBIT:
+        parts["1-bit: fresh v, worker error, scratch"] = 12.0 * numel
+        parts["1-bit: server error"] = 4.0 * numel / max(1, world)
+    return parts
+
+
+def step_traffic(cfg: TrainConfig, model: torch.nn.Module, world: int) -> tuple[float, float | None]:
+    """Bytes one rank sends per optimizer step: the gradient allreduce, and (1-bit) the compression
+    stage's exchange with the configured layout (the counter formulas `bench fidelity` uses)."""
+    from pretrain.comm import padded_numel
+    from pretrain.comm.compressed_allreduce import ScaleDtype
+    from pretrain.optim.config import GradAllreduce
+    from pretrain.optim.onebit import Compression, ExchangeOptions
+    from pretrain.optim.params import param_groups
+
+    optim = cfg.optim
+    grad_dtype = GradAllreduce(getattr(optim, "grad_allreduce", GradAllreduce.float32))
+    element = FP32_BYTES if grad_dtype is GradAllreduce.float32 else 2
+    numel = sum(p.numel() for p in model.parameters())
+    before = ring_allreduce_bytes(numel, element, world)
+    if optim.name not in ONEBIT or world < 2:
+        return before, None
+    exchange = ExchangeOptions(
+        Compression(optim.compression),
+        bool(getattr(optim, "exact_vectors", False)),
+        vector_block=int(getattr(optim, "vector_block", 0)),
+    )
+    groups = param_groups(
+        model,
+        0.01,
+        max_seq_length=cfg.batch.phases[0].max_seq_length,
+        row_scales=exchange.compression.row_scales,
+        exact_output_bias=bool(getattr(optim, "exact_output_bias", False)),
+    )
+    params = [p for group in groups for p in group["params"]]
+    row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
+    padded = padded_numel(sum(p.numel() for p in params), world)
+    layout = exchange.layout(params, row_scaled, padded, world)
+    segments = None if layout is None else layout.total_chunk_segments
+    scale_bytes = ScaleDtype(getattr(optim, "scale_dtype", "float32")).bytes
+    call = compressed_call_traffic(padded, world, segments=segments, scale_bytes=scale_bytes)
+    return before, call.compressed_bytes
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.1f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+
+
+def _free_disk(run_dir: Path) -> float | None:
+    folder = run_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return float(shutil.disk_usage(folder).free)
+    except OSError:
+        return None
+
+
+def _vocab_size(cfg: TrainConfig) -> tuple[int, bool]:
+    """The prepared data's vocabulary and True, or BERT's 30,522 and False when it is not prepared yet."""
+    import json
+
+    manifest = Path(cfg.data_dir) / f"seq{cfg.batch.phases[0].max_seq_length}" / "manifest.json"
+    if manifest.is_file():
+        return int(json.loads(manifest.read_text())["tokenizer"]["vocab_size"]), True
+    return 30522, False
+
+
+def build(cfg: TrainConfig, world_size: int | None = None) -> Report:
+    """The report for `cfg` at `world_size` processes (default: `dry_run_world_size`, else the
+    launcher's WORLD_SIZE, else 1)."""
+    report = Report()
+    kind, description = devices()
+    processes = world_size or cfg.dry_run_world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    world = processes * cfg.sim_world_size
+    precision = cfg.precision
+    if precision is Precision.auto:
+        precision = Precision.bf16 if kind == "cuda" else Precision.fp32
+    value_bytes = 4 if precision is Precision.fp32 else 2
+    vocab_size, prepared = _vocab_size(cfg)
+    config, model = model_shapes(cfg, vocab_size)
+    numel = sum(p.numel() for p in model.parameters())
+    workers = f" ({processes} processes x {cfg.sim_world_size} simulated)" if cfg.sim_world_size > 1 else ""
+    report.lines += [
+        f"pre-flight: {cfg.model.size.value} ({numel / 1e6:.1f}M parameters), optim={cfg.optim.name}, "
+        f"batch={cfg.batch.name}, precision {precision.value}",
+        f"  devices: {description}; world size {world}{workers}",
+    ]
+    total_samples, peak_activations = 0, 0.0
+    for phase in cfg.batch.phases:
+        per_step = world * phase.micro_batch
+        if phase.global_batch % per_step:
+            report.problems.append(
+                f"batch.phases[{phase.name}].global_batch={phase.global_batch} is not divisible by world "
+                f"size ({world}) x micro_batch ({phase.micro_batch}) = {per_step}: set "
+                "batch.phases.N.micro_batch or the number of processes so that it is"
+            )
+            accumulation = "?"
+        else:
+            accumulation = str(phase.global_batch // per_step)
+        samples = phase.global_batch * phase.steps
+        total_samples += samples
+        activations = activation_bytes(config, phase.max_seq_length, phase.micro_batch, value_bytes)
+        peak_activations = max(peak_activations, activations)
+        report.lines.append(
+            f"  {phase.name}: seq {phase.max_seq_length}, global batch {phase.global_batch} = {world} x "
+            f"micro {phase.micro_batch} x {accumulation} accumulation, {phase.steps} steps, "
+            f"{samples:,} samples, lr {phase.lr}"
+        )
+    before, after = step_traffic(cfg, model, world)
+    if cfg.optim.name in ONEBIT:
+        freeze = cfg.batch.phases[0].freeze_step
+        freeze = freeze if freeze is not None else getattr(cfg.optim, "freeze_step", None)
+        if after is None:
+            report.notes.append(
+                f"optim={cfg.optim.name} with world size {world}: nothing to compress, the run is "
+                "LAMB with a frozen variance after freeze_step"
+            )
+            report.lines.append(f"  1-bit: freeze_step {freeze}; no exchange at world size {world}")
+        else:
+            report.lines.append(
+                f"  1-bit: freeze_step {freeze}; per rank per step {before / 2**20:,.1f} MiB before it "
+                f"(gradient allreduce), {after / 2**20:,.1f} MiB after ({before / after:.1f}x less)"
+            )
+    else:
+        report.lines.append(f"  traffic: {before / 2**20:,.1f} MiB per rank per step (gradient allreduce)")
+    states = state_bytes(cfg, numel, world)
+    peak = sum(states.values()) + peak_activations
+    parts = ", ".join(f"{name} {_gib(value)}" for name, value in states.items())
+    report.lines.append(
+        f"  memory per rank (estimate): {_gib(peak)} = {parts}, activations {_gib(peak_activations)} "
+        "at the largest micro batch"
+    )
+    if kind == "cuda":
+        available = torch.cuda.get_device_properties(0).total_memory
+        if peak > available:
+            report.problems.append(
+                f"the estimate {_gib(peak)} exceeds the GPU's {_gib(available)}: lower "
+                "batch.phases.N.micro_batch (accumulation keeps the global batch)"
+            )
+    checkpoint = 4.0 * numel + processes * (
+        states["optimizer (m, v)"] + states.get("1-bit: server error", 0.0)
+    )
+    if cfg.optim.name in ONEBIT:
+        checkpoint += processes * 4.0 * numel  # each rank's worker error buffer
+    run_dir = Path(cfg.run_dir)
+    free = _free_disk(run_dir)
+    kept = checkpoint * cfg.checkpoint.keep_last
+    free_text = "unknown" if free is None else _gib(free)
+    report.lines.append(
+        f"  checkpoints: ~{_gib(checkpoint)} each (+ HF export {_gib(4.0 * numel)}), keep_last "
+        f"{cfg.checkpoint.keep_last}: {_gib(kept)}; free at {run_dir}: {free_text}"
+    )
+    if free is not None and free < kept:
+        report.notes.append(
+            f"{run_dir} has {_gib(free)} free, less than the {_gib(kept)} that keep_last="
+            f"{cfg.checkpoint.keep_last} checkpoints take: point run_dir elsewhere or lower "
+            "checkpoint.keep_last"
+        )
+    report.lines.append(
+        "  data: "
+        + (
+            f"prepared at {cfg.data_dir}"
+            if prepared
+            else f"not prepared at {cfg.data_dir}: `make pretrain` prepares it first (make prepare DATA=...)"
+        )
+    )
+    report.lines.append(f"  W&B: {_wandb_mode(cfg)}")
+    if kind == "cpu" and not cfg.dry_run and total_samples > LARGE_RECIPE_SAMPLES:
+        report.problems.append(
+            f"batch={cfg.batch.name} trains {total_samples:,} samples, a cluster recipe, and this machine "
+            "has no GPU: run it on GPUs, or check the config here with dry_run=true dry_run_world_size=<GPUs>"
+        )
+    return report
+
+
+def _wandb_mode(cfg: TrainConfig) -> str:
+    mode = cfg.wandb.mode.value
+    if mode == "auto":
+        online = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file()
+        mode = "auto: online (an API key is configured)" if online else "auto: offline (no API key)"
+    return f"{mode}, project {cfg.wandb.project}"
+
+
+@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+def main(dict_cfg: DictConfig) -> None:
+    try:
+        cfg = to_object(dict_cfg)
+    except ValueError as error:
+        print(f"preflight: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    report = build(cfg)
+    print(report.text())
+    if report.problems:
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
