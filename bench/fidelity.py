@@ -150,38 +150,16 @@ def byte_cost_records() -> list[Record]:
     import torch
     from transformers import BertForPreTraining
 
-    from pretrain.comm import padded_numel
-    from pretrain.comm.compressed_allreduce import ScaleDtype
-    from pretrain.comm.counter import compressed_call_traffic
     from pretrain.model import ModelConfig, ModelSize, bert_config
-    from pretrain.optim.onebit import Compression, ExchangeOptions
-    from pretrain.optim.params import param_groups
+    from pretrain.preflight import compression_traffic
 
     with torch.device("meta"):  # shapes only; built there so the decoder stays tied to the embedding
         model = BertForPreTraining(bert_config(ModelConfig(size=ModelSize.bert_large), 30522))
+    numel = sum(p.numel() for p in model.parameters())
     records = []
     for mode, options in BYTE_COST_MODES.items():
-        exchange = ExchangeOptions(
-            Compression(options["compression"]),
-            options.get("exact_vectors", False),
-            vector_block=int(options.get("vector_block", 0)),
-        )
-        groups = param_groups(
-            model,
-            0.01,
-            max_seq_length=128,
-            row_scales=exchange.compression.row_scales,
-            exact_output_bias=bool(options.get("exact_output_bias", False)),
-        )
-        params = [p for group in groups for p in group["params"]]
-        row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
-        numel = sum(p.numel() for p in params)
         for world_size in BYTE_COST_WORLD_SIZES:
-            padded = padded_numel(numel, world_size)
-            layout = exchange.layout(params, row_scaled, padded, world_size)
-            segments = None if layout is None else layout.total_chunk_segments
-            scale_bytes = ScaleDtype(options.get("scale_dtype", "float32")).bytes
-            call = compressed_call_traffic(padded, world_size, segments=segments, scale_bytes=scale_bytes)
+            call = compression_traffic(model, options, world_size, max_seq_length=128)
             records.append(
                 Record(
                     name=f"bert_large_compression_bytes_{mode}_n{world_size}",
@@ -192,8 +170,8 @@ def byte_cost_records() -> list[Record]:
                     target="ratio <= 1/15.5 (>= 15.5x less than fp16)",
                     config={
                         "parameters": numel,
-                        "padded": padded,
-                        "scale_segments": segments or world_size,
+                        "padded": call.numel,
+                        "scale_segments": call.segments,
                         "scale_bytes": call.scale_bytes,
                         "sign_bytes": call.sign_bytes,
                         "times_less_than_fp16": call.fp16_ring_bytes / call.compressed_bytes,

@@ -28,7 +28,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from pretrain.comm.counter import FP32_BYTES, compressed_call_traffic, ring_allreduce_bytes
+from pretrain.comm.counter import FP32_BYTES, CallTraffic, compressed_call_traffic, ring_allreduce_bytes
 from pretrain.config import Precision, TrainConfig, to_object
 
 ONEBIT = ("onebit_lamb", "onebit_adam")
@@ -89,14 +89,42 @@ def state_bytes(cfg: TrainConfig, numel: int, world: int) -> dict[str, float]:
     return parts
 
 
-def step_traffic(cfg: TrainConfig, model: torch.nn.Module, world: int) -> tuple[float, float | None]:
-    """Bytes one rank sends per optimizer step: the gradient allreduce, and (1-bit) the compression
-    stage's exchange with the configured layout (the counter formulas `bench fidelity` uses)."""
+def compression_traffic(
+    model: torch.nn.Module, options: dict[str, Any], world_size: int, max_seq_length: int
+) -> CallTraffic:
+    """One compression-stage exchange's bytes per rank for `model`'s parameters with the 1-bit options
+    (`compression`, `exact_vectors`, `vector_block`, `exact_output_bias`, `scale_dtype`), by the counter
+    formulas the byte tests check against the real collectives (also `bench fidelity`'s BERT-Large costs)."""
     from pretrain.comm import padded_numel
     from pretrain.comm.compressed_allreduce import ScaleDtype
-    from pretrain.optim.config import GradAllreduce
     from pretrain.optim.onebit import Compression, ExchangeOptions
     from pretrain.optim.params import param_groups
+
+    exchange = ExchangeOptions(
+        Compression(options["compression"]),
+        bool(options.get("exact_vectors", False)),
+        vector_block=int(options.get("vector_block", 0)),
+    )
+    groups = param_groups(
+        model,
+        0.01,
+        max_seq_length=max_seq_length,
+        row_scales=exchange.compression.row_scales,
+        exact_output_bias=bool(options.get("exact_output_bias", False)),
+    )
+    params = [p for group in groups for p in group["params"]]
+    row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
+    padded = padded_numel(sum(p.numel() for p in params), world_size)
+    layout = exchange.layout(params, row_scaled, padded, world_size)
+    segments = None if layout is None else layout.total_chunk_segments
+    scale_bytes = ScaleDtype(options.get("scale_dtype", "float32")).bytes
+    return compressed_call_traffic(padded, world_size, segments=segments, scale_bytes=scale_bytes)
+
+
+def step_traffic(cfg: TrainConfig, model: torch.nn.Module, world: int) -> tuple[float, float | None]:
+    """Bytes one rank sends per optimizer step: the gradient allreduce, and (1-bit) the compression
+    stage's exchange with the configured layout."""
+    from pretrain.optim.config import GradAllreduce
 
     optim = cfg.optim
     grad_dtype = GradAllreduce(getattr(optim, "grad_allreduce", GradAllreduce.float32))
@@ -105,26 +133,14 @@ def step_traffic(cfg: TrainConfig, model: torch.nn.Module, world: int) -> tuple[
     before = ring_allreduce_bytes(numel, element, world)
     if optim.name not in ONEBIT or world < 2:
         return before, None
-    exchange = ExchangeOptions(
-        Compression(optim.compression),
-        bool(getattr(optim, "exact_vectors", False)),
-        vector_block=int(getattr(optim, "vector_block", 0)),
-    )
-    groups = param_groups(
-        model,
-        0.01,
-        max_seq_length=cfg.batch.phases[0].max_seq_length,
-        row_scales=exchange.compression.row_scales,
-        exact_output_bias=bool(getattr(optim, "exact_output_bias", False)),
-    )
-    params = [p for group in groups for p in group["params"]]
-    row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
-    padded = padded_numel(sum(p.numel() for p in params), world)
-    layout = exchange.layout(params, row_scaled, padded, world)
-    segments = None if layout is None else layout.total_chunk_segments
-    scale_bytes = ScaleDtype(getattr(optim, "scale_dtype", "float32")).bytes
-    call = compressed_call_traffic(padded, world, segments=segments, scale_bytes=scale_bytes)
+    keys = ("compression", "exact_vectors", "vector_block", "exact_output_bias", "scale_dtype")
+    options = {key: _plain(getattr(optim, key)) for key in keys if hasattr(optim, key)}
+    call = compression_traffic(model, options, world, cfg.batch.phases[0].max_seq_length)
     return before, call.compressed_bytes
+
+
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)  # enums as their config strings
 
 
 def _gib(value: float) -> str:

@@ -61,6 +61,7 @@ class CallTraffic:
     scale_bytes: float
     fp16_ring_bytes: float
     fp32_ring_bytes: float
+    segments: int = 0  # scale segments over all chunks (world_size: DeepSpeed's layout)
 
     @property
     def compressed_bytes(self) -> float:
@@ -99,6 +100,7 @@ def compressed_call_traffic(
         scale_bytes=scales,
         fp16_ring_bytes=ring_allreduce_bytes(numel, FP16_BYTES, world_size),
         fp32_ring_bytes=ring_allreduce_bytes(numel, FP32_BYTES, world_size),
+        segments=segments or world_size,
     )
 
 
