@@ -117,12 +117,15 @@ def create_instances(
             num_sentences = len(document)
             own_position = position_of[document_index]
             target_length = max_num_tokens
-            if random_float() < short_seq_prob:
+            if not short_per_chunk and random_float() < short_seq_prob:
                 target_length = randint(2, max_num_tokens)
             chunk: list[Sentence] = []
             chunk_length = 0
             sentence_index = 0
             while sentence_index < num_sentences:
+                if short_per_chunk and not chunk:  # a new chunk (after an emitted or a skipped one)
+                    short = random_float() < short_seq_prob
+                    target_length = randint(2, max_num_tokens) if short else max_num_tokens
                 sentence = document[sentence_index]
                 chunk.append(sentence)
                 chunk_length += len(sentence)
@@ -161,9 +164,5 @@ def create_instances(
                         append(Instance(input_ids, len(tokens_a) + 2, int(is_random_next)))
                     chunk = []
                     chunk_length = 0
-                    if short_per_chunk:  # the next chunk's target
-                        target_length = max_num_tokens
-                        if random_float() < short_seq_prob:
-                            target_length = randint(2, max_num_tokens)
                 sentence_index += 1
     return instances

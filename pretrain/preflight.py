@@ -159,11 +159,11 @@ def _free_disk(run_dir: Path) -> float | None:
 
 def _vocab_size(cfg: TrainConfig) -> tuple[int, bool]:
     """The prepared data's vocabulary and True, or BERT's 30,522 and False when it is not prepared yet."""
-    import json
+    from data.shards import load_manifest
 
-    manifest = Path(cfg.data_dir) / f"seq{cfg.batch.phases[0].max_seq_length}" / "manifest.json"
-    if manifest.is_file():
-        return int(json.loads(manifest.read_text())["tokenizer"]["vocab_size"]), True
+    folder = Path(cfg.data_dir) / f"seq{cfg.batch.phases[0].max_seq_length}"
+    if (folder / "manifest.json").is_file():  # a damaged one is a one-line error naming the file
+        return int(load_manifest(folder)["tokenizer"]["vocab_size"]), True
     return 30522, False
 
 

@@ -232,3 +232,13 @@ def test_short_targets_per_chunk_keep_a_book_from_going_short(per_chunk: bool):
 def test_short_per_chunk_off_is_the_original_stream(corpus: Corpus):
     assert make(corpus, seed=4, short_per_chunk=False) == make(corpus, seed=4)
     assert make(corpus, seed=4, short_per_chunk=True) != make(corpus, seed=4)
+
+
+def test_short_per_chunk_on_a_single_document_keeps_its_instances():
+    """A corpus of one document (a book that lost its line breaks): no random B exists, so one-sentence
+    chunks are skipped. A short target drawn for one chunk must not stay for the rest of the document
+    (the first version kept it after a skipped chunk and made 8 instances out of 5,000 sentences)."""
+    document = [[list(range(i * 13, i * 13 + 13)) for i in range(5000)]]
+    per_document = create_instances(document, 128, 0.1, random.Random(0), CLS, SEP)
+    per_chunk = create_instances(document, 128, 0.1, random.Random(0), CLS, SEP, short_per_chunk=True)
+    assert len(per_chunk) >= 0.9 * len(per_document) > 400
