@@ -188,6 +188,7 @@ def build(cfg: TrainConfig, world_size: int | None = None) -> Report:
         f"  devices: {description}; world size {world}{workers}",
     ]
     total_samples, peak_activations = 0, 0.0
+    steps_left = cfg.max_steps  # a smoke run (max_steps) trains only that many steps of the recipe
     for phase in cfg.batch.phases:
         per_step = world * phase.micro_batch
         if phase.global_batch % per_step:
@@ -200,7 +201,9 @@ def build(cfg: TrainConfig, world_size: int | None = None) -> Report:
         else:
             accumulation = str(phase.global_batch // per_step)
         samples = phase.global_batch * phase.steps
-        total_samples += samples
+        run_steps = phase.steps if steps_left is None else min(phase.steps, steps_left)
+        steps_left = None if steps_left is None else steps_left - run_steps
+        total_samples += phase.global_batch * run_steps
         activations = activation_bytes(config, phase.max_seq_length, phase.micro_batch, value_bytes)
         peak_activations = max(peak_activations, activations)
         report.lines.append(

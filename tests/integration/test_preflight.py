@@ -62,6 +62,10 @@ def test_cluster_recipe_on_cpu_without_dry_run_is_refused(monkeypatch, tmp_path)
     assert (
         len(report.problems) == 1 and "no GPU" in report.problems[0] and "dry_run=true" in report.problems[0]
     )
+    smoke = _report(
+        ["batch=64k", "optim=onebit_lamb", "model=bert_large", "max_steps=2"], 8, monkeypatch, tmp_path
+    )
+    assert not smoke.problems  # two steps of the recipe are a smoke run, not a cluster run
 
 
 def test_onebit_on_one_process_says_compression_is_off(monkeypatch, tmp_path):
