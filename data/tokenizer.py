@@ -50,9 +50,10 @@ def canonical_vocab(tokens: Iterable[str]) -> dict[str, int]:
     otherwise give different ids, different shards and checkpoints that cannot share an embedding."""
     rest = set(tokens) - set(SPECIAL_TOKENS)
 
-    def block(token: str) -> int:
-        piece = token[2:] if token.startswith("##") and len(token) > 2 else token
-        return (0 if piece is token else 1) if len(piece) == 1 else 2
+    def block(token: str) -> int:  # 0: a character, 1: `##` and a character, 2: anything longer
+        if len(token) == 1:
+            return 0
+        return 1 if len(token) == 3 and token.startswith("##") else 2
 
     ordered = SPECIAL_TOKENS + sorted(rest, key=lambda token: (block(token), token))
     return {token: index for index, token in enumerate(ordered)}

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pretrain.optim import functional as F
+
 # Param-group keys owned by the current run's configuration, never taken from a checkpoint.
 RUN_OWNED_GROUP_KEYS = ("params", "exp_avg_mask")
 EXTRA_STATE_KEY = "extra"
@@ -50,7 +52,7 @@ def global_grad_norm(grads: list[Tensor]) -> Tensor:
     if grads[0].device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
         flat = [g.reshape(-1) for g in grads]
         return torch.stack([torch.dot(g, g) for g in flat]).sum().sqrt()
-    return global_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+    return global_norm(F.grad_norms(grads))
 
 
 # On CPU, updates run over chunks of consecutive tensors of about this many elements: the scratch stays
