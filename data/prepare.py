@@ -37,6 +37,7 @@ from data.documents import DataError, Document, SkipCounter
 from data.shards import write_manifest
 from data.sources import iter_documents
 from data.tokenizer import build_tokenizer, tokenizer_info
+from launch import cli
 
 log = logging.getLogger("data.prepare")
 FORMAT_VERSION = 1
@@ -336,9 +337,8 @@ def main(dict_cfg: DictConfig) -> None:
             num_shards = len(manifest["shards"])
             print(f"seq{length}: {manifest['num_instances']} instances in {num_shards} shards -> {folder}")
     except (DataError, ValueError) as error:
-        print(f"data.prepare: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail("data.prepare", error)
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, "data.prepare")

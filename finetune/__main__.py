@@ -8,18 +8,21 @@
     torchrun --standalone --nproc-per-node 8 -m finetune task=squad model_path=...         # data parallel
 
 Local data (the layout of ../shared/data) by default; `data_dir=null` reads the Hugging Face hub.
-Exit codes: 0 done, 2 bad config, model folder or data (one-line error).
+Rank 0 first prints a pre-flight header (finetune/preflight.py): task, model folder, devices, batch, data
+source, output folder, W&B mode; its problems stop every rank before anything is built.
+Exit codes: 0 done, 2 bad config, model folder or data (one-line error; `debug=true` shows the traceback).
 """
 
 from __future__ import annotations
 
-import sys
+import os
 
 import hydra
 from omegaconf import DictConfig
 
 from data.documents import DataError
-from finetune.config import to_object
+from finetune.config import FinetuneConfig, to_object
+from launch import cli
 
 
 @hydra.main(config_path="../conf", config_name="finetune", version_base="1.3")
@@ -29,15 +32,27 @@ def main(dict_cfg: DictConfig) -> None:
 
     try:
         cfg = to_object(dict_cfg)
+        preflight_header(cfg)
         env = init_distributed()
         try:
             run_finetune(cfg, env)
         finally:
             shutdown_distributed()
     except (DataError, ValueError) as error:
-        print(f"finetune: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail("finetune", error)
+
+
+def preflight_header(cfg: FinetuneConfig) -> None:
+    """The pre-flight report (finetune/preflight.py) from the launcher's rank 0, before anything is built;
+    its errors stop every rank (each computes the same report) with the one-line message."""
+    from finetune.preflight import build
+
+    report = build(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("\n".join(report.lines + [f"  note: {note}" for note in report.notes]), flush=True)
+    if report.problems:
+        raise ValueError(report.problems[0])
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, "finetune")

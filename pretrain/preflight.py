@@ -28,8 +28,9 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from launch import cli
 from pretrain.comm.counter import FP32_BYTES, CallTraffic, compressed_call_traffic, ring_allreduce_bytes
-from pretrain.config import Precision, TrainConfig, to_object
+from pretrain.config import Precision, TrainConfig, WandbMode, to_object
 
 ONEBIT = ("onebit_lamb", "onebit_adam")
 LARGE_RECIPE_SAMPLES = 1_000_000  # more samples than this on CPU is a cluster recipe run by mistake
@@ -269,7 +270,7 @@ def build(cfg: TrainConfig, world_size: int | None = None) -> Report:
             else f"not prepared at {cfg.data_dir}: `make pretrain` prepares it first (make prepare DATA=...)"
         )
     )
-    report.lines.append(f"  W&B: {_wandb_mode(cfg)}")
+    report.lines.append(f"  W&B: {wandb_mode(cfg.wandb.mode, cfg.wandb.project)}")
     if kind == "cpu" and not cfg.dry_run and total_samples > LARGE_RECIPE_SAMPLES:
         report.problems.append(
             f"batch={cfg.batch.name} trains {total_samples:,} samples, a cluster recipe, and this machine "
@@ -278,12 +279,13 @@ def build(cfg: TrainConfig, world_size: int | None = None) -> Report:
     return report
 
 
-def _wandb_mode(cfg: TrainConfig) -> str:
-    mode = cfg.wandb.mode.value
+def wandb_mode(requested: WandbMode, project: str) -> str:
+    """What `wandb.mode` means here (auto: online with an API key, else offline) and the project."""
+    mode = requested.value
     if mode == "auto":
         online = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file()
         mode = "auto: online (an API key is configured)" if online else "auto: offline (no API key)"
-    return f"{mode}, project {cfg.wandb.project}"
+    return f"{mode}, project {project}"
 
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
@@ -291,8 +293,7 @@ def main(dict_cfg: DictConfig) -> None:
     try:
         cfg = to_object(dict_cfg)
     except ValueError as error:
-        print(f"preflight: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail("preflight", error)
     report = build(cfg)
     print(report.text())
     if report.problems:
@@ -300,4 +301,4 @@ def main(dict_cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, "preflight")

@@ -16,6 +16,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from launch import cli
 from results.compare.config import to_object
 
 
@@ -33,10 +34,9 @@ def main(dict_cfg: DictConfig) -> None:
         invocation = shlex.join(["python", "-m", "results.compare", *sys.argv[1:]])
         report = run_compare(cfg, invocation)
     except (CompareError, ValueError) as error:
-        print(f"compare: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail("compare", error)
     print(f"compare: {report} (+ summary.json and plots in {report.parent})")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, "compare")

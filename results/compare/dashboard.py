@@ -22,6 +22,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from launch import cli
 from results.compare.config import DashboardConfig, to_object
 from results.compare.runs import main_metric_key
 
@@ -146,8 +147,7 @@ def main(dict_cfg: DictConfig) -> None:
         cfg: DashboardConfig = to_object(dict_cfg)
         workspace = build_workspace(cfg.project, cfg.entity, cfg.name, cfg.group, cfg.tasks)
     except ValueError as error:  # pydantic's ValidationError too
-        print(f"dashboard: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail("dashboard", error)
     print(describe(workspace))
     if cfg.spec_file:
         path = Path(cfg.spec_file)
@@ -161,10 +161,12 @@ def main(dict_cfg: DictConfig) -> None:
     try:
         url = save_workspace(workspace)
     except Exception as error:  # no API key, no network, no permission: one line
+        if cli.debug_enabled():
+            raise
         print(f"dashboard: error: saving to W&B failed ({type(error).__name__}: {error})", file=sys.stderr)
         sys.exit(2)
     print(f"dashboard: saved {url}")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, "dashboard")

@@ -282,6 +282,10 @@ def test_bad_model_folder_is_a_one_line_error(tmp_path: Path) -> None:
     assert completed.returncode == 2, completed.stderr
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path) in lines[0] and "not 'bert'" in lines[0], lines
+    assert lines[0].startswith(f"finetune: error: model_path={tmp_path}: model_type is 'gpt2'")
+    # the pre-flight header stopped it before anything was built or written
+    assert completed.stdout.startswith("pre-flight: finetune mrpc") and "Traceback" not in completed.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_config_json_names_the_folder(tmp_path: Path) -> None:
@@ -432,3 +436,91 @@ def test_results_and_wandb_name_the_pretraining_run(tiny_bert: Path, tmp_path: P
     assert foreign.run is None and wandb_init_kwargs(foreign_cfg, 1, foreign)["group"] == tiny_bert.name
     chosen = compose_config(["task=rte", f"model_path={run}", "wandb.group=mine"])
     assert wandb_init_kwargs(chosen, 7, info)["group"] == "mine"
+
+
+# -- the pre-flight header (finetune/preflight.py) -----------------------------------------------------------
+def test_the_preflight_header_names_the_model_folder_and_the_data(
+    tiny_bert: Path, tmp_path: Path, shared_data: Path
+) -> None:
+    state = {"samples_seen": 8192, "run_name": "16k-onebit_lamb-bert_tiny", "optimizer": "onebit_lamb"}
+    run = _pretraining_run(
+        tiny_bert, tmp_path, {10: True, 20: True, 30: False}, {**state, "global_batch": 16384}
+    )
+    out = tmp_path / "out"
+    command = [
+        sys.executable,
+        "-m",
+        "finetune",
+        "task=mrpc",
+        f"model_path={run}",
+        f"output_dir={out}",
+        "seeds=[1]",
+    ]
+    tiny = ["task.epochs=1", "task.batch_size=8", "task.max_length=32", "task.max_train_examples=8"]
+    done = subprocess.run(
+        [*command, *tiny, "task.max_eval_examples=8", *QUIET],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[:8]
+    assert header[0] == "pre-flight: finetune mrpc, train on 'train' (first 8 examples), evaluate on 'dev'"
+    newest = run / "checkpoints" / "step-00000020" / "hf"
+    assert header[1] == f"  model: {newest} (newest complete checkpoint of {run})"
+    assert header[2] == (
+        f"  pretraining: run {run.name}, optimizer onebit_lamb, global batch 16384, 8,192 samples seen"
+    )
+    assert header[3].startswith("  devices: ") and header[3].endswith("; world size 1")
+    assert header[4].startswith(
+        "  batch: global 8 = 1 x 8 per rank, 1 epoch, lr 2e-05, max length 32, seeds [1]"
+    )
+    assert header[5] == f"  data: local files in {shared_data / 'glue_data' / 'MRPC'}: train.tsv, dev.tsv"
+    assert header[6] == f"  output: {out}" and header[7].startswith("  W&B: disabled")
+    assert (out / "all_results.json").is_file()
+
+
+def _preflight(overrides: list[str], world_size: int = 1):
+    from finetune.preflight import build
+
+    return build(compose_config(overrides), world_size)
+
+
+def test_preflight_problems_are_one_line_naming_the_key(tiny_bert: Path, tmp_path: Path) -> None:
+    model = f"model_path={tiny_bert}"
+    report = _preflight(["task=mrpc", model, f"data_dir={tmp_path}"], world_size=3)
+    assert [problem.split(":")[0] for problem in report.problems] == [
+        "task.batch_size=32 is not divisible by the world size 3",
+        f"data_dir={tmp_path}",
+        f"data_dir={tmp_path}",
+    ]
+    assert f"{tmp_path / 'MRPC' / 'train.tsv'} not found (task mrpc, split train)" in report.problems[1]
+    assert all("\n" not in problem for problem in report.problems)
+    assert "per rank" in report.text() and "x ? per rank" in report.text()
+
+    report = _preflight(["task=rte", model, f"task.init_from={tmp_path / 'absent'}"])
+    assert report.problems == [f"task.init_from={tmp_path / 'absent'}: no such folder"]
+    assert f"  model: {tiny_bert}" in report.lines  # a foreign folder: used as given, no pretraining run
+
+
+def test_preflight_data_sources_and_earlier_results(
+    tiny_bert: Path, tmp_path: Path, shared_data: Path, monkeypatch
+) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    report = _preflight(["task=mnli", f"model_path={tiny_bert}", "data_dir=null"])
+    assert not report.problems, report.problems
+    assert (
+        "  data: Hugging Face hub: nyu-mll/glue (mnli), offline mode (HF_DATASETS_OFFLINE=1): only the "
+        "local cache is read" in report.lines
+    )
+    assert report.lines[0].endswith("evaluate on 'dev_matched', 'dev_mismatched'")
+
+    out = tmp_path / "squad"
+    out.mkdir()
+    (out / "all_results.json").write_text("{}")
+    report = _preflight(["task=squad", f"model_path={tiny_bert}", f"output_dir={out}"])
+    assert not report.problems, report.problems
+    assert f"  data: local files in {shared_data / 'squad'}: dev-v1.1.json.gz" in report.lines
+    assert "train on the first 50% of the articles of 'dev'" in report.lines[0]
+    assert (
+        f"  output: {out} (holds an earlier run's all_results.json: this run replaces them)" in report.lines
+    )
