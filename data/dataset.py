@@ -19,6 +19,7 @@ dynamic-mask seed, also in DataLoader workers (persistent or not) that never see
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -28,9 +29,24 @@ import numpy as np
 from torch.utils.data import Dataset, Sampler
 
 from data.documents import DataError
-from data.shards import ShardReader, check_shard_file, file_sha256, load_manifest, verify_shards
+from data.shards import (
+    ShardReader,
+    ShardStamp,
+    check_shard_file,
+    file_sha256,
+    load_manifest,
+    shard_stamp,
+    verify_shards,
+)
 
 SampleKey = tuple[int, int]  # (epoch, global sample index)
+# How often, at most, a process re-reads the stamp of a shard it reads from: an os.stat costs about half
+# a sample read, once a second per shard is nothing.
+SHARD_CHECK_INTERVAL_S = 1.0
+# The stamps of shards whose sha256 this process computed (absolute path -> stamp before hashing): a
+# dataset built later here, without `verify` (the trainer's, at each phase start), re-hashes the shards
+# changed since, so the start-up verification also covers phases that begin hours later.
+_verified_stamps: dict[str, ShardStamp] = {}
 
 
 class PretrainingDataset(Dataset):
@@ -46,9 +62,24 @@ class PretrainingDataset(Dataset):
     Shards are memory-mapped lazily, per process and per shard, so the dataset pickles cheaply to
     DataLoader workers (fork or spawn). The constructor checks the manifest, the tokenizer hash and
     every shard's size; `verify=True` also recomputes every shard's sha256.
+
+    A shard changed on disk later (re-prepared into the same folder, a partial copy, a flipped byte) is
+    caught on read: the constructor stamps every shard (`data.shards.shard_stamp`), and each process
+    compares the stamp of a shard it reads from at its first read and then at most once every
+    `check_interval_s`, before returning the row. A changed stamp means re-hashing the shard: a
+    mismatch with the manifest raises a one-line DataError naming it, a match (a touch, a copy of
+    the same bytes) is adopted and the shard re-mapped. Samples read between a change and the next
+    check (at most `check_interval_s`) cannot be told apart; every later read raises.
     """
 
-    def __init__(self, folder: str | Path, *, verify: bool = False, expected_vocab_size: int | None = None):
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        verify: bool = False,
+        expected_vocab_size: int | None = None,
+        check_interval_s: float = SHARD_CHECK_INTERVAL_S,
+    ):
         self.folder = Path(folder)
         self.manifest = load_manifest(self.folder)
         tokenizer = self.manifest["tokenizer"]
@@ -66,15 +97,26 @@ class PretrainingDataset(Dataset):
                 "(sha256 mismatch)"
             )
         self.shards = self.manifest["shards"]
-        for shard in self.shards:
-            check_shard_file(self.folder / shard["file"], shard["bytes"])
+        paths = [self.folder / shard["file"] for shard in self.shards]
+        for path, shard in zip(paths, self.shards):
+            check_shard_file(path, shard["bytes"])
+        # stamped before hashing, so that a change during or after the hash shows as a changed stamp
+        self._stamps: list[ShardStamp] = [shard_stamp(path) for path in paths]
         if verify:
             verify_shards(self.folder, self.manifest)
+            _verified_stamps.update((str(path.absolute()), s) for path, s in zip(paths, self._stamps))
+        else:
+            for shard, path in enumerate(paths):
+                verified = _verified_stamps.get(str(path.absolute()))
+                if verified is not None and verified != self._stamps[shard]:
+                    self._confirm_unchanged(shard, self._stamps[shard])
+        self.check_interval_s = check_interval_s
         self.max_seq_length: int = self.manifest["max_seq_length"]
         self.static_masking: bool = bool(self.manifest["static_masking"])
         # shard s holds the global indices [ends[s] - num_instances[s], ends[s])
         self._shard_ends = np.cumsum([shard["num_instances"] for shard in self.shards], dtype=np.int64)
         self._readers: list[ShardReader | None] = []
+        self._next_check: list[float] = []  # time.monotonic() from which a read re-checks the shard
         self._owner_pid = -1
 
     def __len__(self) -> int:
@@ -83,19 +125,57 @@ class PretrainingDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = []  # memory maps stay in the process that opened them
+        state["_next_check"] = []  # the stamps travel; a worker checks each shard at its first read
         state["_owner_pid"] = -1
         return state
 
     def _reader(self, shard: int) -> ShardReader:
+        """The shard's reader in this process, once its stamp is found unchanged (or re-verified)."""
         if self._owner_pid != os.getpid():  # first use in this process (or after a fork)
             self._readers = [None] * len(self.shards)
+            self._next_check = [0.0] * len(self.shards)
             self._owner_pid = os.getpid()
+        now = time.monotonic()
+        if now >= self._next_check[shard]:
+            self._check_stamp(shard)  # raising, it leaves the deadline: every later read checks again
+            self._next_check[shard] = now + self.check_interval_s
         reader = self._readers[shard]
         if reader is None:
             info = self.shards[shard]
             reader = ShardReader(self.folder / info["file"], info["bytes"], info["num_instances"])
             self._readers[shard] = reader
         return reader
+
+    def _check_stamp(self, shard: int) -> None:
+        path = self.folder / self.shards[shard]["file"]
+        try:
+            stamp = shard_stamp(path)
+        except FileNotFoundError:
+            raise DataError(
+                f"{path}: shard disappeared during training; restore it or re-prepare it, then resume"
+            ) from None
+        if stamp != self._stamps[shard]:
+            self._readers[shard] = None  # nothing more from the old mapping, whatever the hash says
+            self._confirm_unchanged(shard, stamp)
+
+    def _confirm_unchanged(self, shard: int, stamp: ShardStamp) -> None:
+        """The shard's stamp changed: DataError unless its bytes still match the manifest; then the
+        new stamp is the one to compare with."""
+        info = self.shards[shard]
+        path = self.folder / info["file"]
+        try:
+            unchanged = stamp[2] == info["bytes"] and file_sha256(path) == info["sha256"]
+        except OSError as error:
+            raise DataError(
+                f"{path}: changed on disk during training and cannot be re-read ({error})"
+            ) from None
+        if not unchanged:
+            raise DataError(
+                f"{path}: changed on disk during training and no longer matches the manifest's sha256 "
+                "(corrupted or replaced shard); re-prepare it or restore the file, then resume"
+            )
+        self._stamps[shard] = stamp
+        _verified_stamps[str(path.absolute())] = stamp
 
     def __getitem__(self, key: int | SampleKey) -> dict[str, Any]:
         epoch, index = (0, key) if isinstance(key, (int, np.integer)) else key

@@ -293,6 +293,18 @@ def check_shard_file(path: Path, expected_bytes: int) -> None:
         )
 
 
+ShardStamp = tuple[int, int, int, int, int]  # (device, inode, size, mtime_ns, ctime_ns)
+
+
+def shard_stamp(path: str | Path) -> ShardStamp:
+    """A file's identity and last change as `os.stat` gives them, one system call. A write in place, a
+    truncation, a replacement by rename, a touch or a chmod all change it (the ctime cannot be set back
+    by a user), so an equal stamp means the bytes are as they were when the stamp was taken (up to the
+    file system's timestamp resolution)."""
+    status = os.stat(path)
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+
+
 def verify_shards(folder: str | Path, manifest: Mapping[str, Any]) -> None:
     """Recompute every shard's size and sha256 against the manifest; DataError naming the first bad one."""
     folder = Path(folder)

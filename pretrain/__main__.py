@@ -5,7 +5,8 @@
     python -m pretrain batch=64k optim=onebit_lamb model=bert_large dry_run=true   # validate a config
     python -m pretrain -m optim=lamb,onebit_lamb batch=8k,16k                    # Hydra multirun
 
-Exit codes: 0 done, 2 bad config/data/checkpoint (one-line error), 75 checkpointed on SIGTERM/SIGUSR1.
+Exit codes: 0 done, 2 bad config/data/checkpoint (one-line error), 75 checkpointed on SIGTERM/SIGUSR1,
+76 a peer rank died or stalled inside a collective (one line naming it; requeue to resume).
 """
 
 from __future__ import annotations
@@ -18,20 +19,31 @@ import hydra
 from omegaconf import DictConfig
 
 from data.documents import DataError
+from launch import cli
 from pretrain.config import TrainConfig, to_object
 
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
 def main(dict_cfg: DictConfig) -> None:
     from pretrain.distributed import init_distributed, shutdown_distributed
+    from pretrain.liveness import PEER_LOST_EXIT_CODE, PeerLost, watch
     from pretrain.trainer import PREEMPTED_EXIT_CODE, Preempted, Trainer
 
     try:
         cfg = to_object(dict_cfg)
         preflight_header(cfg)
-        env = init_distributed()
+        env = init_distributed(timeout_s=cfg.dist.timeout_s)
+        trainer: Trainer | None = None
         try:
-            Trainer(cfg, env).fit()
+            with watch(env, cfg.dist, lambda: trainer.state.global_step + 1 if trainer else 0, cfg.run_dir):
+                trainer = Trainer(cfg, env)
+                trainer.fit()
+        except PeerLost as lost:
+            # a peer is gone: tearing the process group down could wait on it, and what must survive (the
+            # newest checkpoint) is on disk already
+            print(f"pretrain: error: {lost}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(PEER_LOST_EXIT_CODE)
         finally:
             shutdown_distributed()
     except Preempted as stop:
@@ -42,8 +54,7 @@ def main(dict_cfg: DictConfig) -> None:
             signal.signal(signum, signal.SIG_IGN)
         sys.exit(PREEMPTED_EXIT_CODE)
     except (DataError, ValueError) as error:
-        print(f"pretrain: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail("pretrain", error)
 
 
 def preflight_header(cfg: TrainConfig) -> None:
@@ -59,4 +70,4 @@ def preflight_header(cfg: TrainConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, "pretrain")

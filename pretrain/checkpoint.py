@@ -121,23 +121,36 @@ def save_checkpoint(
     directory = Path(directory)
     final = directory / f"step-{step:08d}"
     tmp = directory / f"step-{step:08d}.tmp"
+    previous = latest_checkpoint(directory)
+    problem = None
     if rank == 0:
-        directory.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    _barrier()
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            for stale in directory.glob("step-*.tmp"):  # a killed save's leftovers take space too
+                shutil.rmtree(stale, ignore_errors=True)
+            problem = _space_problem(directory, previous)
+            if problem is None:
+                tmp.mkdir()
+        except OSError as error:
+            problem = _os_problem(error, directory, previous, None)
+    _agree(final, problem, rank, tmp, previous)
     rank_file = tmp / f"rank-{rank:05d}.pt"
-    torch.save(rank_state, rank_file)
-    # each rank hashes its own file (rank 0 alone would read every rank's optimizer state)
-    (tmp / f"{rank_file.name}.sha256").write_text(_sha256(rank_file))
-    if rank == 0:
-        assert model is not None and shared_state is not None
-        save_model(model, str(tmp / "model.safetensors"))  # handles BERT's tied decoder weights
-        torch.save(shared_state, tmp / "train_state.pt")
-        if export_hf is not None:
-            export_hf(tmp / "hf")
-    _barrier()
+    try:
+        torch.save(rank_state, rank_file)
+        # each rank hashes its own file (rank 0 alone would read every rank's optimizer state)
+        (tmp / f"{rank_file.name}.sha256").write_text(_sha256(rank_file))
+        if rank == 0:
+            assert model is not None and shared_state is not None
+            save_model(model, str(tmp / "model.safetensors"))  # handles BERT's tied decoder weights
+            torch.save(shared_state, tmp / "train_state.pt")
+            if export_hf is not None:
+                export_hf(tmp / "hf")
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
+        estimate = _state_bytes(rank_state) * _world() + (_state_bytes(model) * (2 if export_hf else 1))
+        problem = _os_problem(error, directory, previous, estimate)
+    _agree(final, problem, rank, tmp, previous)
     if before_commit is not None:
         before_commit()
     if rank == 0:
@@ -160,6 +173,91 @@ def save_checkpoint(
                 shutil.rmtree(stale, ignore_errors=True)
     _barrier()
     return final
+
+
+class CheckpointSaveError(ValueError):
+    """A checkpoint could not be written (full disk, I/O error): nothing of it was kept; the message is one
+    line naming the folder, the space needed and free, and the newest checkpoint, which is intact."""
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def _space_problem(directory: Path, previous: Path | None) -> str | None:
+    """Before writing: less free space than the previous checkpoint took (+5 %) is a sure failure."""
+    if previous is None:
+        return None
+    needed, free = int(_tree_bytes(previous) * 1.05), shutil.disk_usage(directory).free
+    if free >= needed:
+        return None
+    return f"{_mib(needed)} needed (the size of {previous.name}), {_mib(free)} free at {directory}"
+
+
+def _os_problem(error: BaseException, directory: Path, previous: Path | None, estimate: int | None) -> str:
+    text = _first_line(error) if isinstance(error, Exception) else str(error)
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        free = None
+    if previous is not None:
+        needed = f"~{_mib(_tree_bytes(previous))} needed (the size of {previous.name})"
+    elif estimate:
+        needed = f"~{_mib(estimate)} needed (the state's tensors)"
+    else:
+        needed = "size unknown"
+    space = f"{needed}, {_mib(free)} free" if free is not None else needed
+    # torch.save reports ENOSPC as "PytorchStreamWriter failed writing ..." without the errno: a disk left
+    # with (almost) nothing free is the cause
+    full = (
+        getattr(error, "errno", None) == 28 or "No space left" in text or (free is not None and free < 2**20)
+    )
+    if full:
+        return f"disk full at {directory} ({space}; {text[:120]})"
+    return f"{text} ({space})"
+
+
+def _state_bytes(value: Any) -> int:
+    """Bytes of the tensors in a state (nested dicts/lists) or a module's parameters and buffers."""
+    if isinstance(value, nn.Module):
+        return sum(t.numel() * t.element_size() for t in value.state_dict().values())
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_state_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_state_bytes(v) for v in value)
+    return 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
+def _agree(final: Path, problem: str | None, rank: int, tmp: Path, previous: Path | None) -> None:
+    """Collective, in place of a barrier: when any rank failed, rank 0 removes the partial folder and every
+    rank raises CheckpointSaveError (so no rank waits in a barrier for one that gave up)."""
+    failed, reason = problem is not None, problem
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        flag = torch.tensor([float(failed)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        failed = bool(flag.item())
+        if failed:  # every rank tells the same first cause
+            problems: list[str | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(problems, problem)
+            first = next(r for r, p in enumerate(problems) if p is not None)
+            reason = problems[first] if first == rank else f"rank {first}: {problems[first]}"
+    if not failed:
+        return
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    kept = f"{previous.name} is intact" if previous is not None else "no earlier checkpoint"
+    raise CheckpointSaveError(f"{final}: checkpoint not saved: {reason}; {kept}")
 
 
 def _sha256(path: Path) -> str:
@@ -208,18 +306,31 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: the message names the folder or file."""
 
 
-def load_checkpoint(path: str | Path, rank: int, model: nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load the weights into `model`; -> (rank_state, shared_state). Errors name the folder or file."""
+def load_checkpoint(
+    path: str | Path, rank: int, model: nn.Module, world_size: int | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load the weights into `model`; -> (rank_state, shared_state). Errors name the folder or file.
+
+    At another world size than the checkpoint's (`world_size` given), every rank loads rank 0's file:
+    the optimizer's moments are the same on every rank; what is per rank (the 1-bit error feedback, the
+    RNG streams) cannot be re-split and restarts (the optimizer and the trainer say so)."""
     path = Path(path)
     if not (path / "COMPLETE").is_file():
         raise CheckpointError(f"{path}: not a complete checkpoint (no COMPLETE marker)")
-    rank_file = path / f"rank-{rank:05d}.pt"
-    if not rank_file.is_file():
-        raise CheckpointError(f"{rank_file}: missing (was the checkpoint written with fewer ranks?)")
     for name in ("model.safetensors", "train_state.pt"):
         if not (path / name).is_file():
             raise CheckpointError(f"{path / name}: missing")
-    _verify(path, ["model.safetensors", "train_state.pt", rank_file.name])
+    _verify(path, ["model.safetensors", "train_state.pt"])
+    try:
+        shared_state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
+    except Exception as error:  # corrupt or mismatched files: name them, one line
+        raise CheckpointError(f"{path / 'train_state.pt'}: cannot load ({_first_line(error)})") from None
+    saved_world = shared_state.get("world_size") if isinstance(shared_state, dict) else None
+    resized = world_size is not None and saved_world is not None and int(saved_world) != world_size
+    rank_file = path / f"rank-{0 if resized else rank:05d}.pt"
+    if not rank_file.is_file():
+        raise CheckpointError(f"{rank_file}: missing (was the checkpoint written with fewer ranks?)")
+    _verify(path, [rank_file.name])
     weights = path / "model.safetensors"
     try:
         missing, unexpected = load_model(model, str(weights), strict=False)
@@ -232,7 +343,6 @@ def load_checkpoint(path: str | Path, rank: int, model: nn.Module) -> tuple[dict
         )
     try:
         rank_state = torch.load(rank_file, map_location="cpu", weights_only=True)
-        shared_state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
     except Exception as error:  # corrupt or mismatched files: name them, one line
         raise CheckpointError(f"{path}: cannot load checkpoint ({_first_line(error)})") from None
     return rank_state, shared_state

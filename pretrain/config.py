@@ -85,10 +85,33 @@ class CheckpointConfig:
     every_steps: int = 500  # 0 = only at phase ends and on signals
     keep_last: int = 3
     export_hf: bool = True
+    # a save that fails for lack of space (or another OS error): `stop` ends the run (exit 2) with the
+    # previous checkpoint intact; `continue` warns, removes the partial folder and trains on (the phase-end
+    # and final saves always stop on failure: nothing after them would save the run)
+    on_error: str = "stop"
 
     def __post_init__(self) -> None:
         if self.every_steps < 0 or self.keep_last < 1:
             raise ValueError("checkpoint.every_steps must be >= 0 and checkpoint.keep_last >= 1")
+        if self.on_error not in ("stop", "continue"):
+            raise ValueError(f"checkpoint.on_error must be stop or continue, got {self.on_error!r}")
+
+
+@dataclass
+class DistConfig:
+    # a collective that waits longer than this fails (a stalled or unreachable rank): the survivors name
+    # the rank and the step and exit 76 (pretrain.liveness.PEER_LOST_EXIT_CODE) for the scheduler to requeue
+    timeout_s: float = 600.0
+    # how often each rank's heartbeat thread writes to the rendezvous store (the stalled-rank diagnosis)
+    heartbeat_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.heartbeat_s <= 0:
+            raise ValueError("dist.timeout_s and dist.heartbeat_s must be > 0")
+        if self.heartbeat_s * 2 > self.timeout_s:
+            raise ValueError(
+                f"dist.heartbeat_s={self.heartbeat_s} must be at most half of dist.timeout_s={self.timeout_s}"
+            )
 
 
 class WandbMode(str, enum.Enum):
@@ -128,6 +151,7 @@ class TrainConfig:
     # data); false keeps the cheap checks (shard sizes, tokenizer hash) only
     verify_data: bool = True
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     show_progress: bool = True
     peak_tflops: float | None = None  # per-device peak (e.g. 989 for H100 bf16 dense): enables the MFU metric

@@ -36,12 +36,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(timeout_minutes: float = 30.0) -> DistributedEnv:
+def init_distributed(timeout_s: float = 1800.0) -> DistributedEnv:
     """Join (or create, for a world of one) the default process group.
 
     torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*) is used as is; under a submitit
     SLURM task (Hydra's submitit launcher) it is derived from SLURM's by submitit itself. Only
-    SUBMITIT_EXECUTOR is checked: SLURM_PROCID is also set in plain batch/salloc shells.
+    SUBMITIT_EXECUTOR is checked: SLURM_PROCID is also set in plain batch/salloc shells. `timeout_s`
+    bounds every collective (pretrain: `dist.timeout_s`; pretrain/liveness.py names a stalled peer).
     """
     if "RANK" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         from submitit.helpers import TorchDistributedEnvironment
@@ -59,7 +60,7 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistributedEnv:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        timeout = datetime.timedelta(minutes=timeout_minutes)
+        timeout = datetime.timedelta(seconds=timeout_s)
         store = _attempt_store(world_size, timeout)
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, store=store)
     return DistributedEnv(rank, world_size, local_rank, device, backend)

@@ -4,18 +4,25 @@ gradients of a training process at a chosen step. No effect unless BERT_LAMB_TES
     BERT_LAMB_TEST_FAULT="kill@13:mid_step,rank=1"                  # SIGKILL rank 1 inside step 13
     BERT_LAMB_TEST_FAULT="kill@12:checkpoint_write,scope=job"       # stop there; the harness kills the job
     BERT_LAMB_TEST_FAULT="term@22,rank=1;nan@30,rank=0"             # several faults: ';'-separated
+    BERT_LAMB_TEST_FAULT="kill@9:exchange,rank=1"                   # die inside the 1-bit exchange
+    BERT_LAMB_TEST_FAULT="stop@5,rank=1"                            # SIGSTOP: a stalled rank
 
 A fault is `<action>@<step>[:<point>]` followed by `,key=value` options:
 
     action   kill        SIGKILL this process (scope=process), or, with scope=job, create the file named
                          by BERT_LAMB_TEST_FAULT_FILE and wait there to be killed with the whole job
              term, usr1  send this process SIGTERM / SIGUSR1 (the preemption path)
+             stop        SIGSTOP this process (a stalled rank: alive, holding its sockets, silent)
              nan, inf    after backward, set one gradient element of this rank to NaN / +Inf
     step     the global optimizer step (1-based, all phases) the point belongs to
     point    mid_step (after forward/backward, before the optimizer step; the default for kill),
              after_step (after the step's metrics, before its checkpoint; the default for signals),
              after_checkpoint (the checkpoint of that step is complete),
-             checkpoint_write (every file of that step's checkpoint written, COMPLETE not yet)
+             checkpoint_write (every file of that step's checkpoint written, COMPLETE not yet),
+             exchange (inside the 1-bit compressed allreduce: after the all-to-all of the workers'
+             chunks, before the all-gather of the served chunks; the first call of the step),
+             grad_allreduce (inside backward: DDP's first gradient bucket of the step, before its
+             allreduce is issued)
     rank     the rank that acts (default 0)
     attempt  torchrun's TORCHELASTIC_RESTART_COUNT in which the fault fires (default 0), so a job that
              torchrun restarts does not fire it again
@@ -34,9 +41,12 @@ import torch
 
 ENV = "BERT_LAMB_TEST_FAULT"
 FILE_ENV = "BERT_LAMB_TEST_FAULT_FILE"
-ACTIONS = ("kill", "term", "usr1", "nan", "inf")
-POINTS = ("mid_step", "after_step", "after_checkpoint", "checkpoint_write")
-_SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1}
+ACTIONS = ("kill", "term", "usr1", "stop", "nan", "inf")
+POINTS = ("mid_step", "after_step", "after_checkpoint", "checkpoint_write", "exchange", "grad_allreduce")
+_SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "stop": signal.SIGSTOP}
+# points inside the communication layer, reached through `inside` (pretrain/comm, pretrain/gradient_sync)
+_INNER_POINTS = ("exchange", "grad_allreduce")
+_active: FaultInjector | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +68,7 @@ def parse(spec: str) -> list[Fault]:
             action, _, where = head.partition("@")
             step_text, _, point = where.partition(":")
             values = dict(option.split("=", 1) for option in options)
-            default_point = "mid_step" if action in ("kill", "nan", "inf") else "after_step"
+            default_point = "mid_step" if action in ("kill", "stop", "nan", "inf") else "after_step"
             fault = Fault(
                 action=action,
                 step=int(step_text),
@@ -81,6 +91,10 @@ class FaultInjector:
 
     def __init__(self, faults: list[Fault], rank: int, attempt: int):
         self.faults = [f for f in faults if f.rank == rank and f.attempt == attempt]
+        self.step = 0  # the step being trained (the communication layer's points belong to it)
+        self._fired: set[Fault] = set()
+        global _active
+        _active = self if any(f.point in _INNER_POINTS for f in self.faults) else None
 
     @classmethod
     def from_env(cls, rank: int) -> FaultInjector:
@@ -91,8 +105,10 @@ class FaultInjector:
     def at(self, point: str, step: int) -> None:
         """Kill or signal this process if a fault is set for (point, step)."""
         for fault in self.faults:
-            if fault.point != point or fault.step != step:
+            if fault.point != point or fault.step != step or fault in self._fired:
                 continue
+            self._fired.add(fault)  # an inner point is reached several times per step; act on the first
+            print(f"fault: {fault.action} rank {fault.rank} at step {step} ({point})", flush=True)
             if fault.action in _SIGNALS:
                 os.kill(os.getpid(), _SIGNALS[fault.action])
             elif fault.action == "kill":
@@ -104,6 +120,13 @@ class FaultInjector:
             if fault.step == step and fault.action in ("nan", "inf"):
                 grad = next(p.grad for p in params if p.grad is not None)
                 grad.view(-1)[0] = float("nan") if fault.action == "nan" else float("inf")
+
+
+def inside(point: str) -> None:
+    """A point of the communication layer (`exchange`, `grad_allreduce`) was reached: act if a fault is
+    set for it at the step being trained. One global check when no such fault is set."""
+    if _active is not None:
+        _active.at(point, _active.step)
 
 
 def _kill(fault: Fault) -> None:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import GradBucket
 
+from pretrain import faults
 from pretrain.comm.counter import ring_allreduce_bytes
 
 
@@ -72,6 +73,7 @@ class GradientSync:
             return future
         if state.first_launch is None:
             state.first_launch = time.perf_counter()
+            faults.inside("grad_allreduce")  # test-only (pretrain/faults.py): the step's first bucket
         state.numel += buffer.numel()
         if buffer.dtype == state.dtype:
             sent = buffer.div_(state.world_size)

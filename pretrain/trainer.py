@@ -255,7 +255,7 @@ class Trainer:
                         and self.state.global_step % every == 0
                         and self.state.step_in_phase < phase.steps
                     ):
-                        self.save()
+                        self.save(periodic=True)
                 self.save()  # phase end
                 self.state.phase_index += 1
                 self.state.step_in_phase = 0
@@ -270,6 +270,7 @@ class Trainer:
     def train_step(self, phase: PhaseConfig) -> dict[str, float] | None:
         """One optimizer step of `phase.global_batch` samples; metrics on log steps, else None."""
         accumulation = phase.accumulation_steps(self.workers)
+        self.faults.step = self.state.global_step + 1  # the step the communication layer's points belong to
         timer = _Timer(self.env.device)
         assert self.data is not None
         # fetch
@@ -418,7 +419,18 @@ class Trainer:
             raise ckpt.CheckpointError(f"resume: {path} is not a checkpoint folder")
         return path
 
-    def save(self) -> Path:
+    def save(self, periodic: bool = False) -> Path | None:
+        """Write a checkpoint (collective). A periodic one that fails (full disk) with
+        checkpoint.on_error=continue is skipped with a warning (-> None); any other failure raises."""
+        try:
+            return self._save()
+        except ckpt.CheckpointSaveError as error:
+            if not (periodic and self.cfg.checkpoint.on_error == "continue"):
+                raise
+            log.warning("%s; training goes on (checkpoint.on_error=continue)", error)
+            return None
+
+    def _save(self) -> Path:
         self._flush_tokens()
         shared = {
             "train_state": asdict(self.state),
@@ -461,7 +473,7 @@ class Trainer:
         (folder / "pretraining_state.json").write_text(json.dumps(state, indent=1))
 
     def _load(self, path: Path) -> dict[str, Any]:
-        rank_state, shared = ckpt.load_checkpoint(path, self.env.rank, self.model)
+        rank_state, shared = ckpt.load_checkpoint(path, self.env.rank, self.model, self.env.world_size)
         try:
             self.optimizer.load_state_dict(rank_state["optimizer"])
         except (ValueError, KeyError) as error:
@@ -478,7 +490,8 @@ class Trainer:
                 log.warning("resume: the simulated workers changed; their RNG streams restart")
         else:
             log.warning(
-                "resume: world size changed (%s -> %s); RNG streams restart",
+                "resume: world size changed (%s -> %s): every rank takes rank 0's optimizer state, the "
+                "data order is re-split exactly, RNG streams restart",
                 shared["world_size"],
                 self.env.world_size,
             )

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pretrain import faults
 from pretrain.comm.counter import TrafficCounter, compressed_call_traffic
 from pretrain.comm.kernels import get_kernels
 from pretrain.comm.layout import Run, ScaleLayout
@@ -426,6 +427,7 @@ class CompressedAllreduce:
         for worker in range(self.virtual_workers):
             self._compress_worker(worker, local[worker])
         self._exchange_worker_chunks()
+        faults.inside("exchange")  # test-only (pretrain/faults.py): between the all-to-all and the all-gather
         scratch = local.view(-1)
         for local_chunk in range(self.virtual_workers):
             self._serve(local_chunk, scratch)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pretrain import faults
 from pretrain.comm.layout import Run
 
 # Auto: about this many bytes of signs per piece and destination; at most MAX_PIECES pieces.
@@ -154,6 +155,7 @@ class PipelinedExchange:
                 server_plan,
                 scratch=scratch[: n * (piece.high - piece.low)],
             )
+        faults.inside("exchange")  # test-only (pretrain/faults.py): between the all-to-all and the all-gather
         chunk_plan = engine._chunk_plans[engine._local_chunks[0]]
         server_scales = engine._round(chunk_plan.scales(server_error, out=engine._server_scales))
         engine._exchange_server_scales()

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,10 +71,12 @@ def torchrun(
     max_restarts: int = 0,
     nproc: int = 2,
     timeout: float = 300,
+    on_poll: Callable[[float], None] | None = None,
 ) -> Outcome:
     """Run `python -m pretrain <overrides>` on `nproc` gloo processes under torchrun in a new session.
     With a job-scope fault, SIGKILL every process of the job (agent and workers at once) as soon as
-    the faulting rank reports it reached the fault point."""
+    the faulting rank reports it reached the fault point. `on_poll(seconds since start)` runs every
+    50 ms while the job runs (watch its files, fill a disk)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "BERT_LAMB_TEST_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if fault:
@@ -99,6 +101,8 @@ def torchrun(
                 if fault_file is not None and fault_file.exists():
                     kill_tree(process.pid)
                     killed_job = True
+                if on_poll is not None:
+                    on_poll(time.monotonic() - started)
                 time.sleep(0.05)
         finally:
             if process.poll() is None:

@@ -110,8 +110,27 @@ def render(facts: list[dict], outcomes: list[dict], seconds: float, *, full: boo
         f"(+ {sum(1 for o in outcomes if '::test_any_' in o['name'])} property-based tests) |",
         f"| checkpoint atomicity cases | {len(by_kind['atomicity'])} |",
         *(f"| security: {s['check']} | {_security(s)} |" for s in by_kind["security"]),
+        f"| faults (dying/stalled rank, full disk, world-size change, corrupted shard): clear state, nothing "
+        f"lost beyond the step in progress | {len(by_kind['fault'])} |",
         "",
     ]
+    if by_kind["fault"]:
+        lines += [
+            "## Faults beyond kill -9 (tests/reliability/test_faults.py, test_corrupt_shard.py)",
+            "",
+            "Time to a clear state: from the fault to the line that names it (a stall: includes "
+            "`dist.timeout_s`); 0 where training went on. Steps lost: finished steps that had to be "
+            "trained again.",
+            "",
+            "| fault | where injected | outcome | time to a clear state | steps lost |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {f['fault']} | {f['injected']} | {_clean(f['outcome'], basetemp)} | {f['seconds']} s "
+                f"| {f['steps_lost']} |"
+                for f in by_kind["fault"]
+            ),
+            "",
+        ]
     if interruptions:
         lines += [
             "## Interruptions of one 2-rank 1-bit LAMB job (torchrun, gloo), in order",

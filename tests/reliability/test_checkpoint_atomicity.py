@@ -152,3 +152,54 @@ def test_comparators_detect_a_difference(tmp_path: Path, model):
         model.weight[0, 0] = torch.nextafter(model.weight[0, 0], torch.tensor(9.0))  # one ulp
     second = checkpoint_digests(_save(tmp_path / "b", 1, model))
     assert first["model.safetensors"] != second["model.safetensors"]
+
+
+def test_too_little_free_space_refuses_the_save_before_writing(tmp_path: Path, model, monkeypatch, record):
+    directory = tmp_path / "checkpoints"
+    _save(directory, 7, model, keep_last=2)
+    before = sorted(p.name for p in directory.iterdir())
+    real = ckpt.shutil.disk_usage
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: real(path)._replace(free=100))
+    with pytest.raises(ckpt.CheckpointSaveError) as error:
+        _save(directory, 8, model, keep_last=2)
+    message = str(error.value)
+    assert (
+        "step-00000008: checkpoint not saved" in message
+        and "MiB needed (the size of step-00000007)" in message
+    )
+    assert "0.0 MiB free" in message and "step-00000007 is intact" in message and "\n" not in message
+    assert sorted(p.name for p in directory.iterdir()) == before  # nothing written, no .tmp
+    record("atomicity", case="too little space: refused before writing", passed=True)
+
+
+def test_a_failed_write_removes_the_partial_folder_and_names_the_disk(
+    tmp_path: Path, model, monkeypatch, record
+):
+    directory = tmp_path / "checkpoints"
+    _save(directory, 7, model, keep_last=2)
+    real_save = torch.save
+
+    def full_disk(obj, path, *args, **kwargs):
+        if str(path).endswith("train_state.pt"):  # torch.save's own wording for ENOSPC
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . unexpected pos 3827008 vs 3826900"
+            )
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    real = ckpt.shutil.disk_usage
+    calls = {"n": 0}
+
+    def usage(path):  # enough space at the check before writing, none once the write failed
+        calls["n"] += 1
+        return real(path) if calls["n"] == 1 else real(path)._replace(free=1000)
+
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", usage)
+    with pytest.raises(
+        ckpt.CheckpointSaveError, match=r"checkpoint not saved: disk full at .*step-00000007 is intact"
+    ):
+        _save(directory, 8, model, keep_last=2)
+    assert not list(directory.glob("*.tmp"))
+    assert [p.name for p in ckpt.list_checkpoints(directory)] == ["step-00000007"]
+    ckpt.load_checkpoint(directory / "step-00000007", 0, model)
+    record("atomicity", case="write failed mid-save: partial folder removed, previous intact", passed=True)

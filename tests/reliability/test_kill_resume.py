@@ -159,15 +159,19 @@ def _fault_step(segment: Segment) -> int:
     return int(segment.fault.split("@")[1].split(":")[0].split(",")[0])
 
 
-def test_kill9_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path, record):
+def test_kill9_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path, record, request):
     plan = FULL_PLAN if full_suite() else CI_PLAN
-    reference_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
+    run_dir = tmp_path / "interrupted"
     # the reference checkpoints only at phase ends: checkpointing must not perturb the trajectory either
-    reference = torchrun(
-        pretrain_overrides(tiny_data, reference_dir, *plan.recipe, "checkpoint.every_steps=0"),
-        tmp_path / "uninterrupted.log",
-    )
-    assert reference.returncode == 0, reference.log[-3000:]
+    if plan is CI_PLAN:  # the session's, shared with test_faults.py
+        reference_dir = request.getfixturevalue("ci_reference_run")
+    else:
+        reference_dir = tmp_path / "uninterrupted"
+        reference = torchrun(
+            pretrain_overrides(tiny_data, reference_dir, *plan.recipe, "checkpoint.every_steps=0"),
+            tmp_path / "uninterrupted.log",
+        )
+        assert reference.returncode == 0, reference.log[-3000:]
     previous_checkpoint: int | None = None
     kills = 0
     for index, (segment, expected_checkpoint) in enumerate(plan.segments):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
+import re
+import time
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +19,7 @@ import torch
 from tokenizers import Tokenizer, models
 from torch.utils.data import DataLoader
 
+import data.dataset as dataset_module
 from data.dataset import PretrainingDataset, ResumableDistributedSampler
 from data.documents import DataError
 from data.instances import Instance, create_instances
@@ -265,6 +270,138 @@ def test_dataset_indexes_across_shards(folder: Path, instances: list[Instance]):
     assert dataset[-1]["index"] == len(instances) - 1
     with pytest.raises(IndexError):
         dataset[len(instances)]
+
+
+# --- shards changed on disk during training ---------------------------------------------------------
+
+
+def flip_byte_in_place(path: Path) -> None:
+    """Flip a byte in the middle of `path` without replacing the file (a memory map shows the new byte)."""
+    time.sleep(0.02)  # past the file system's timestamp tick, so that the write shows in the mtime
+    with open(path, "r+b") as handle:
+        handle.seek(path.stat().st_size // 2)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def changed_shard_error(path: Path) -> str:
+    return f"^{re.escape(str(path))}: changed on disk during training and no longer matches"
+
+
+def test_flipped_byte_is_caught_on_the_next_read(tmp_path: Path, instances: list[Instance]):
+    manifest = make_folder(tmp_path, instances)
+    dataset = PretrainingDataset(tmp_path, verify=True, check_interval_s=0)
+    last, first = tmp_path / manifest["shards"][2]["file"], tmp_path / manifest["shards"][0]["file"]
+    before = dataset[len(instances) - 1]["input_ids"].copy()  # shard 2 is mapped now
+    flip_byte_in_place(last)
+    flip_byte_in_place(first)  # not mapped yet
+    for index, path in ((len(instances) - 1, last), (0, first)):
+        for _ in range(2):  # and again: a shard found bad never serves a row
+            with pytest.raises(DataError, match=changed_shard_error(path)) as caught:
+                dataset[index]
+            assert "\n" not in str(caught.value)
+    # put back, the shard reads again (its new stamp adopted)
+    flip_byte_in_place(last)
+    assert dataset[len(instances) - 1]["input_ids"].tolist() == before.tolist()
+
+
+def test_changed_stamp_with_the_same_bytes_is_adopted(tmp_path: Path, instances: list[Instance]):
+    manifest = make_folder(tmp_path, instances)
+    dataset = PretrainingDataset(tmp_path, check_interval_s=0)
+    path = tmp_path / manifest["shards"][0]["file"]
+    expected = dataset[3]["input_ids"].tolist()
+    stamp = dataset._stamps[0]
+    os.utime(path, ns=(stamp[3] + 10**9, stamp[3] + 10**9))  # touch
+    assert dataset[3]["input_ids"].tolist() == expected and dataset._stamps[0] != stamp
+    copy = tmp_path / "copy.arrow"  # replaced by a copy of the same bytes: another inode, re-mapped
+    copy.write_bytes(path.read_bytes())
+    os.replace(copy, path)
+    assert dataset[3]["input_ids"].tolist() == expected and dataset._stamps[0][1] == path.stat().st_ino
+    path.unlink()
+    with pytest.raises(DataError, match=f"{re.escape(str(path))}: shard disappeared during training"):
+        dataset[3]
+
+
+def test_the_stamp_is_checked_at_most_once_per_interval(
+    tmp_path: Path, instances: list[Instance], monkeypatch
+):
+    manifest = make_folder(tmp_path, instances)
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(dataset_module, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    dataset = PretrainingDataset(tmp_path)  # SHARD_CHECK_INTERVAL_S = 1 s
+    path = tmp_path / manifest["shards"][0]["file"]
+    dataset[0]
+    flip_byte_in_place(path)
+    clock.now += 0.5
+    dataset[0]  # within the interval: the stamp is not read (what a read costs is a clock call)
+    clock.now += 0.6
+    with pytest.raises(DataError, match=changed_shard_error(path)):
+        dataset[0]
+
+
+def test_worker_copies_carry_the_stamps(tmp_path: Path, instances: list[Instance]):
+    manifest = make_folder(tmp_path, instances)
+    dataset = PretrainingDataset(tmp_path)
+    dataset[0]
+    copy = pickle.loads(pickle.dumps(dataset))  # what a spawned DataLoader worker gets
+    assert copy._stamps == dataset._stamps and copy._readers == []
+    path = tmp_path / manifest["shards"][0]["file"]
+    flip_byte_in_place(path)
+    with pytest.raises(DataError, match=changed_shard_error(path)):
+        copy[0]  # its first read of the shard in the new process checks the stamp
+
+
+def test_dataloader_worker_error_is_one_line_naming_the_shard(tmp_path: Path, instances: list[Instance]):
+    manifest = make_folder(tmp_path, instances)
+    dataset = PretrainingDataset(tmp_path, verify=True)
+    path = tmp_path / manifest["shards"][2]["file"]
+    flip_byte_in_place(path)
+    loader = DataLoader(dataset, batch_size=4, num_workers=1, collate_fn=lambda samples: samples)
+    with pytest.raises(DataError) as caught:
+        list(loader)
+    message = str(caught.value)
+    assert re.match(changed_shard_error(path), message) and "\n" not in message, message
+    assert f"pretrain: error: {caught.value}".count("\n") == 0  # what pretrain/__main__.py prints
+    worker_traceback = caught.value.worker_traceback
+    assert (
+        worker_traceback is not None and "Caught DataError in DataLoader worker process 0" in worker_traceback
+    )
+
+
+def test_data_error_messages_are_kept_unless_a_worker_wrapped_them():
+    assert str(DataError("a.txt:3: bad\nsecond line")) == "a.txt:3: bad\nsecond line"
+    assert DataError("x").worker_traceback is None and DataError().args == ()
+    assert str(DataError("Caught DataError in DataLoader worker process 0.")) == (
+        "Caught DataError in DataLoader worker process 0."
+    )  # no traceback in it: nothing to take out
+
+    class ShardGone(DataError):
+        pass
+
+    wrapped = (
+        "Caught ShardGone in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        f"{ShardGone.__module__}.{ShardGone.__qualname__}: shard-00003.arrow: gone\n"
+    )
+    assert str(ShardGone(wrapped)) == "shard-00003.arrow: gone"
+    base = wrapped.replace(f"{ShardGone.__module__}.{ShardGone.__qualname__}", "data.documents.DataError")
+    base = base.replace("Caught ShardGone", "Caught DataError")
+    assert str(DataError(base)) == "shard-00003.arrow: gone"
+    assert str(pickle.loads(pickle.dumps(DataError(base)))) == "shard-00003.arrow: gone"
+
+
+def test_a_verified_shard_changed_before_a_later_dataset_is_rehashed(
+    tmp_path: Path, instances: list[Instance]
+):
+    manifest = make_folder(tmp_path, instances)
+    PretrainingDataset(tmp_path, verify=True)  # the trainer's start-up check (local rank 0)
+    path = tmp_path / manifest["shards"][2]["file"]
+    os.utime(path)  # touched: re-hashed, same bytes, fine
+    PretrainingDataset(tmp_path)
+    flip_byte_in_place(path)
+    with pytest.raises(DataError, match=changed_shard_error(path)):
+        PretrainingDataset(tmp_path)  # a phase starting later on that process
 
 
 # --- sampler ----------------------------------------------------------------------------------------
