@@ -23,8 +23,10 @@ Part 2, `e2e` (net_e2e.json): training samples/s of BERT-Base at seq 128 with a 
 1 Gbit/s, 2 and 4 ranks: LAMB (fp32 gradient allreduce overlapped with backward) vs 1-bit LAMB in its
 compression stage (freeze_step=1, measured after it) vs the no-communication bound (LAMB with the
 gradient allreduce skipped: `GradientSync.communicate = False`, a benchmark-only switch). Each step is
-`Trainer.train_step` between two barriers (so the slowest rank counts); the median over steps. Targets:
-1-bit LAMB >= 2.8x LAMB and >= 0.9x the bound. Every rank has one thread: the machine has 2 cores, so
+`Trainer.train_step` between two barriers (so the slowest rank counts); the median over steps. Timed
+steps log nothing, as in a real run; the phase breakdown (data, forward/backward, optimizer,
+communication) comes from 2 log steps after them. Targets (issue #15): 1-bit LAMB >= 2.0x LAMB and
+>= 0.8x the bound. Every rank has one thread: the machine has 2 cores, so
 4 ranks share them and their compute takes about twice as long.
 """
 
@@ -370,7 +372,10 @@ def _train_worker(
                 f"run_dir={run_root}/{variant}-{round_index}",
                 "wandb.mode=disabled",
                 "num_workers=0",
-                "log_every=1",  # every step reports its phase times (the same small cost for every variant)
+                # timed steps log nothing, as in a real run (log_every ~100): a log step adds the optimizer's
+                # statistics (1-bit LAMB: error-feedback norms, ~0.2 s at BERT-Base). The phase times come
+                # from PHASE_STEPS log steps after the timed ones.
+                f"log_every={NO_LOG}",
                 "show_progress=false",
                 f"batch.phases.0.global_batch={micro_batch * world_size}",
                 f"batch.phases.0.micro_batch={micro_batch}",
@@ -396,6 +401,11 @@ def _train_worker(
                 metrics = trainer.train_step(phase)
                 dist.barrier()
                 results[variant]["step_seconds"].append(time.perf_counter() - start)
+                assert metrics is None
+            trainer.cfg.log_every = 1  # the phase breakdown: log steps, not counted in samples/s
+            for _ in range(PHASE_STEPS):
+                dist.barrier()
+                metrics = trainer.train_step(phase)
                 assert metrics is not None
                 results[variant]["phases"].append({key: float(metrics[key]) for key in _PHASE_KEYS})
             if traffic is not None:
@@ -413,6 +423,8 @@ def _train_worker(
     return {"variants": results, "peak_rss_bytes": _peak_rss()}
 
 
+NO_LOG = 10**9  # log_every of the timed steps: none of them logs
+PHASE_STEPS = 2  # log steps per variant and round after the timed ones, for the phase breakdown
 _PHASE_KEYS = ("time_data", "time_forward_backward", "time_optimizer", "time_communication", "bytes_step")
 
 
@@ -449,9 +461,9 @@ def _e2e_records(
         ranks = [r["variants"][variant] for r in per_rank]
         step_seconds = [max(times) for times in zip(*(r["step_seconds"] for r in ranks))]
         median_step = statistics.median(step_seconds)
-        num_steps = len(step_seconds)
+        num_phase_steps = len(ranks[0]["phases"])
         phase_medians = {
-            key: statistics.median(max(r["phases"][i][key] for r in ranks) for i in range(num_steps))
+            key: statistics.median(max(r["phases"][i][key] for r in ranks) for i in range(num_phase_steps))
             for key in _PHASE_KEYS
         }
         if ranks[0]["onebit_bytes_per_call"] is not None:  # 1-bit: the exchange is in the optimizer step
@@ -478,6 +490,8 @@ def _e2e_records(
         "cpu_cores": os.cpu_count(),
         "warmup_steps": warmup,
         "timed_steps_per_round": steps,
+        "timed_steps_log": False,  # as in a real run; before 2026-11-25 every timed step logged (log_every=1)
+        "phase_log_steps_per_round": PHASE_STEPS,
         "rounds": rounds,
         "quick": quick,
         "compile": compile,  # optim.compile for every variant (LAMB's and 1-bit LAMB's compiled steps)
@@ -495,7 +509,7 @@ def _e2e_records(
             "samples/s",
             peer="LAMB (fp32 gradient allreduce), same ranks, rate and data",
             peer_value=results["lamb"]["samples_per_s"],
-            target="ratio >= 2.8",
+            target="ratio >= 2.0",
             config=config,
         ),
         Record(
@@ -513,7 +527,7 @@ def _e2e_records(
             "samples/s",
             peer="no-communication bound (LAMB, gradient allreduce skipped)",
             peer_value=results["no_comm"]["samples_per_s"],
-            target="ratio >= 0.9",
+            target="ratio >= 0.8",
             config=config,
         ),
         Record(
