@@ -402,16 +402,16 @@ def _train_worker(
                 dist.barrier()
                 results[variant]["step_seconds"].append(time.perf_counter() - start)
                 assert metrics is None
+            if traffic is not None:
+                results[variant]["onebit_bytes_per_call"] = (
+                    float(traffic.compressed_bytes) - bytes_before
+                ) / steps
             trainer.cfg.log_every = 1  # the phase breakdown: log steps, not counted in samples/s
             for _ in range(PHASE_STEPS):
                 dist.barrier()
                 metrics = trainer.train_step(phase)
                 assert metrics is not None
                 results[variant]["phases"].append({key: float(metrics[key]) for key in _PHASE_KEYS})
-            if traffic is not None:
-                results[variant]["onebit_bytes_per_call"] = (
-                    float(traffic.compressed_bytes) - bytes_before
-                ) / steps
             results[variant]["stage"] = getattr(getattr(trainer.optimizer, "stage", None), "value", None)
             results[variant]["num_params"] = trainer.num_params
             results[variant]["rss_bytes_end"] = psutil.Process().memory_info().rss
