@@ -73,7 +73,11 @@ class Heartbeat:
         return self
 
     def stop(self) -> None:
+        """Stop beating and wait for the thread: a daemon thread still inside a store call while the
+        interpreter exits aborts the process (std::terminate, exit -6) instead of exiting with its code."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * _STORE_TIMEOUT.total_seconds())
 
     def _beat(self) -> None:
         self.store.set(f"beat/{self.env.rank}", f"{time.time():.3f} {self.progress()}")
