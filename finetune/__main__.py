@@ -15,8 +15,6 @@ Exit codes: 0 done, 2 bad config, model folder or data (one-line error; `debug=t
 
 from __future__ import annotations
 
-import os
-
 import hydra
 from omegaconf import DictConfig
 
@@ -47,11 +45,7 @@ def preflight_header(cfg: FinetuneConfig) -> None:
     its errors stop every rank (each computes the same report) with the one-line message."""
     from finetune.preflight import build
 
-    report = build(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print("\n".join(report.lines + [f"  note: {note}" for note in report.notes]), flush=True)
-    if report.problems:
-        raise ValueError(report.problems[0])
+    build(cfg).as_header()
 
 
 if __name__ == "__main__":

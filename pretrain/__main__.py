@@ -62,11 +62,7 @@ def preflight_header(cfg: TrainConfig) -> None:
     its errors stop every rank (each computes the same report) with the one-line message."""
     from pretrain.preflight import build
 
-    report = build(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print("\n".join(report.lines + [f"  note: {note}" for note in report.notes]), flush=True)
-    if report.problems:
-        raise ValueError(report.problems[0])
+    build(cfg).as_header()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,14 @@ class Report:
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # each one line naming the key and the fix
 
+    def as_header(self) -> None:
+        """A run's header: the lines and notes from the launcher's rank 0; the first problem raised as
+        ValueError on every rank (each computes the same report), so every rank stops with the one line."""
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("\n".join(self.lines + [f"  note: {note}" for note in self.notes]), flush=True)
+        if self.problems:
+            raise ValueError(self.problems[0])
+
     def text(self) -> str:
         out = list(self.lines)
         out += [f"  note: {note}" for note in self.notes]
