@@ -162,7 +162,7 @@ def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
     param.grad = 1e-3 * torch.randn(numel)
     adamw = torch.optim.AdamW([param], lr=1e-3, fused=True)
     flat, grad = param.data.view(-1), param.grad.view(-1)
-    exp_avg, exp_avg_sq, update = torch.zeros(numel), torch.zeros(numel), torch.empty(numel)
+    exp_avg, exp_avg_sq = torch.zeros(numel), torch.zeros(numel)
     direction = compiled_module.compiled(F.lamb_tensor_direction_)
     apply = compiled_module.compiled(F.lamb_tensor_apply_)
     scalars = F.lamb_kernel_scalars(
@@ -174,8 +174,8 @@ def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
         return interleaved_medians(
             {
                 "adamw": adamw.step,
-                "direction": lambda: direction(flat, grad, exp_avg, exp_avg_sq, update, scalars),
-                "apply": lambda: apply(flat, update, norms, scalars, clamp_ratio=False),
+                "direction": lambda: direction(flat, grad, exp_avg, exp_avg_sq, scalars),
+                "apply": lambda: apply(flat, exp_avg, exp_avg_sq, norms, scalars, clamp_ratio=False),
                 "norm_aten": lambda: torch.linalg.vector_norm(grad),
                 "norm_dot": lambda: torch.dot(grad, grad),
             },

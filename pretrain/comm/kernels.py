@@ -174,6 +174,20 @@ def _numba_functions() -> dict[str, Any]:
     jit = functools.partial(numba.njit, cache=True, boundscheck=False, nogil=True)
 
     @jit
+    def _compress_bytes(values, packed, s):
+        # Whole bytes, over views that start at byte 0: a loop counted from 0 over them is vectorised by
+        # LLVM (~0.5 ns per element), one over range(first, first + count) of the whole buffer was not
+        # (~8 ns: measured 15x slower on this machine, the same arithmetic)
+        for b in range(packed.shape[0]):
+            byte = 0
+            for j in range(8):
+                v = values[8 * b + j]
+                positive = v >= 0
+                byte = (byte << 1) | positive
+                values[8 * b + j] = v - s if positive else v + s
+            packed[b] = byte
+
+    @jit
     def compress(values, packed, runs, scales):
         # Elements in buffer order (the runs tile it); a byte is written once its 8th sign is in.
         acc = 0
@@ -191,14 +205,7 @@ def _numba_functions() -> dict[str, Any]:
                         packed[i >> 3] = acc
                     i += 1
                 whole = (end - i) >> 3
-                for b in range(i >> 3, (i >> 3) + whole):  # whole bytes (a counted loop: vectorised)
-                    byte = 0
-                    for j in range(8):
-                        v = values[8 * b + j]
-                        positive = v >= 0
-                        byte = (byte << 1) | positive
-                        values[8 * b + j] = v - s if positive else v + s
-                    packed[b] = byte
+                _compress_bytes(values[i : i + 8 * whole], packed[i >> 3 : (i >> 3) + whole], s)
                 i += 8 * whole
                 while i < end:  # the rest of the row
                     v = values[i]

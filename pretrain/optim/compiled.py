@@ -168,13 +168,12 @@ class CompiledWarmupStep:
         grads: list[Tensor],
         exp_avgs: list[Tensor],
         exp_avg_sqs: list[Tensor],
-        scratch: Tensor,
         *,
         scalars: Tensor,
     ) -> Tensor:
         ratios = []
         for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-            p, g, m, v, update = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1), scratch[: p.numel()]
-            norms = self._direction(p, g, m, v, update, scalars)
-            ratios.append(self._apply(p, update, norms, scalars, clamp_ratio=True))
+            p, g, m, v = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1)
+            norms = self._direction(p, g, m, v, scalars)
+            ratios.append(self._apply(p, m, v, norms, scalars, clamp_ratio=True))
         return torch.stack(ratios)

@@ -209,30 +209,40 @@ def lamb_tensor_direction_(
     grad: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    update: Tensor,
     scalars: Tensor,
 ) -> Tensor:
     """First half of one tensor's LAMB step, written for `torch.compile` (one fused loop).
 
-    Moments as `adam_moments_`, then `update` ← a·m/(√v + e) + λp. Returns [‖p‖, ‖u‖]. Everything that
-    changes between steps, and the betas, arrive in the 1-D tensor `scalars` (`lamb_kernel_scalars`): one
-    compiled graph serves every step, no scalar power or root is re-evaluated inside the generated element
-    loop, and a call wraps no Python float (each float argument costs a tensor conversion per call).
+    Moments as `adam_moments_`, then the norms of p and of the direction u = a·m/(√v + e) + λp. Returns
+    [‖p‖, ‖u‖]. u is not stored: `lamb_tensor_apply_` forms it again from m and v. A stored u cost a
+    write stream (with write-allocate, a read and a write of a parameter-sized buffer) and a read stream;
+    forming it twice costs a read of m and v instead, and compute that hides under the memory traffic
+    (`bench optim`'s `lamb_kernel_*` records: issue #15). Everything that changes between steps, and the
+    betas, arrive in the 1-D tensor `scalars` (`lamb_kernel_scalars`): one compiled graph serves every
+    step, no scalar power or root is re-evaluated inside the generated element loop, and a call wraps no
+    Python float (each float argument costs a tensor conversion per call).
     """
-    grad_scale, direction_scale, eps, weight_decay = scalars[1], scalars[2], scalars[3], scalars[4]
+    grad_scale = scalars[1]
     beta1, one_minus_beta1, beta2, one_minus_beta2 = scalars[8], scalars[9], scalars[10], scalars[11]
     scaled_grad = grad * grad_scale
     exp_avg.mul_(beta1).add_(scaled_grad * one_minus_beta1)
     exp_avg_sq.mul_(beta2).add_(scaled_grad * scaled_grad * one_minus_beta2)
-    update.copy_(direction_scale * exp_avg / (exp_avg_sq.sqrt() + eps) + weight_decay * param)
+    update = _lamb_direction(param, exp_avg, exp_avg_sq, scalars)
     return torch.stack([torch.linalg.vector_norm(param), torch.linalg.vector_norm(update)])
 
 
+def _lamb_direction(param: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, scalars: Tensor) -> Tensor:
+    """u = a·m/(√v + e) + λp, the one expression both compiled LAMB kernels evaluate."""
+    direction_scale, eps, weight_decay = scalars[2], scalars[3], scalars[4]
+    return direction_scale * exp_avg / (exp_avg_sq.sqrt() + eps) + weight_decay * param
+
+
 def lamb_tensor_apply_(
-    param: Tensor, update: Tensor, norms: Tensor, scalars: Tensor, *, clamp_ratio: bool
+    param: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, norms: Tensor, scalars: Tensor, *, clamp_ratio: bool
 ) -> Tensor:
-    """Second half: p ← p − η·b·r·u with r = ‖p‖/‖u‖ (1 where a norm is 0), clamped to [min, max] if
-    `clamp_ratio` (deepspeed), else applied only where λ ≠ 0 (nvlamb). Returns r (0-dim)."""
+    """Second half: p ← p − η·b·r·u, u formed again from the updated moments, with r = ‖p‖/‖u‖ (1 where
+    a norm is 0), clamped to [min, max] if `clamp_ratio` (deepspeed), else applied only where λ ≠ 0
+    (nvlamb). Returns r (0-dim)."""
     lr, weight_decay, step_scale = scalars[0], scalars[4], scalars[5]
     min_coeff, max_coeff = scalars[6], scalars[7]
     param_norm, update_norm = norms.unbind()
@@ -242,7 +252,7 @@ def lamb_tensor_apply_(
         ratio = torch.where(usable, ratio.clamp(min_coeff, max_coeff), 1.0)
     else:
         ratio = torch.where(weight_decay != 0, ratio, 1.0)
-    param.sub_(update * (lr * step_scale * ratio))
+    param.sub_(_lamb_direction(param, exp_avg, exp_avg_sq, scalars) * (lr * step_scale * ratio))
     return ratio
 
 

@@ -174,8 +174,9 @@ class Lamb(OptimizerBase):
         beta2: float,
         **hyper: Any,
     ) -> None:
-        """Two compiled kernels per tensor (one graph each for 1-D tensors of any length): moments and
-        direction into the workspace with the two norms, then the trust-ratio step. Tensors below
+        """Two compiled kernels per tensor (one graph each for 1-D tensors of any length): the moments and
+        the norms of p and of the direction, then the trust-ratio step, which forms the direction again
+        (nothing parameter-sized is stored besides m, v and p). Tensors below
         `compiled.COMPILED_MIN_NUMEL` elements take the eager foreach update in one batch instead: a
         compiled call's fixed cost is more than their whole update."""
         tensor_lists = [params, grads, exp_avgs, exp_avg_sqs]
@@ -190,8 +191,7 @@ class Lamb(OptimizerBase):
             clamp_ratio=clamp_ratio, min_coeff=self.min_coeff, max_coeff=self.max_coeff, beta1=beta1,
             beta2=beta2, device=params[0].device, **hyper,
         )  # fmt: skip
-        scratch = self.workspace.flat(max(p.numel() for p in params), params[0].device)
         for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-            p, g, m, v, update = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1), scratch[: p.numel()]
-            norms = self._direction(p, g, m, v, update, scalars)
-            self._apply(p, update, norms, scalars, clamp_ratio=clamp_ratio)
+            p, g, m, v = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1)
+            norms = self._direction(p, g, m, v, scalars)
+            self._apply(p, m, v, norms, scalars, clamp_ratio=clamp_ratio)

@@ -213,10 +213,7 @@ class OnebitLamb(OnebitOptimizer):
                 device=params[0].device,
             )  # fmt: skip
             params, grads, exp_avgs, exp_avg_sqs = compiled.pick(tensors, large)
-            scratch = self.workspace.flat(max(p.numel() for p in params), params[0].device)
-            coeffs[large] = self._compiled_warmup(
-                params, grads, exp_avgs, exp_avg_sqs, scratch, scalars=scalars
-            )
+            coeffs[large] = self._compiled_warmup(params, grads, exp_avgs, exp_avg_sqs, scalars=scalars)
         return coeffs
 
     def _freeze(self) -> None:
