@@ -32,6 +32,19 @@ class Record:
             self.ratio = self.value / self.peer_value  # type: ignore[operator]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string: the same code measures
+    differently on different CPUs (the numba passes were 11x apart on two of this project's machines)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine_info() -> dict[str, Any]:
     import torch
 
@@ -39,6 +52,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "machine": platform.machine(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -55,6 +55,35 @@ def test_compress_packs_and_feeds_back_the_error_like_torch(layout):
     assert numba_values[7] == -scales[0]  # +0.0 packs as + (first segment of the "runs" layout too)
 
 
+def test_the_compress_pass_is_vectorised():
+    """Regression (issue #15): the whole-byte loop of `compress_` ran over range(first, first + count) of the
+    whole buffer, which LLVM did not vectorise on this project's AMD EPYC machine: 6.6 ns per element,
+    against 0.5 for `decode_`, which moves as much memory. Over views counted from 0 it takes 0.6 ns.
+    Here: compress within 4x decode's time per element (best of 5, 4M elements in rows of 1,024)."""
+    import time
+
+    numel = 1 << 22
+    numba_kernels = NumbaKernels()
+    plan = _RunPlan([Run(0, numel // 1024, 1024)], SignScale.mean_abs, torch.device("cpu"))
+    scales = _scales(plan, 3)
+    values = torch.randn(numel, generator=torch.Generator().manual_seed(3))
+    packed, out = torch.empty(numel // 8, dtype=torch.uint8), torch.empty(numel)
+
+    def best(call) -> float:
+        call()  # numba's first call compiles (or loads its cache)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    compress = best(lambda: numba_kernels.compress_(values, scales, plan, packed, scratch=out))
+    decode = best(lambda: numba_kernels.decode_(packed, scales, plan, out))
+    per_element = f"compress {compress / numel * 1e9:.2f} ns/element, decode {decode / numel * 1e9:.2f}"
+    assert compress < 4 * decode, per_element
+
+
 @pytest.mark.parametrize("sources", [2, 3, 4])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_accumulate_averages_the_sources_in_worker_order_like_torch(layout, sources):
