@@ -119,7 +119,8 @@ def _timing_worker(
     compressed, plain, torch_kernels = [], [], []
     for _ in range(repeats):  # alternated so that machine drift hits all alike
         compressed.append(timed(compressed_allreduce))
-        plain.append(timed(plain_allreduce))
+        if not default_layout:  # the default-layout record compares the kernels only
+            plain.append(timed(plain_allreduce))
         torch_kernels.append(timed(compressed_torch_kernels))
     return {
         "compressed": compressed,
@@ -178,13 +179,17 @@ def _traffic_records(numel: int, num_calls: int) -> list[Record]:
     return records
 
 
-def _default_layout_record(numel: int, repeats: int, note: str) -> Record:
-    results = run_local(_timing_worker, TIMING_WORLD_SIZE, (numel, repeats, True), timeout=1800)
-    compressed = [max(times) for times in zip(*(result["compressed"] for result in results))]
-    torch_kernels = [max(times) for times in zip(*(result["torch_kernels"] for result in results))]
+def _slowest(results: list[dict[str, Any]], key: str) -> list[float]:
+    """Per repeat, the slower rank's time (they differ only by barrier skew)."""
+    return [max(times) for times in zip(*(result[key] for result in results))]
+
+
+def _per_element_record(name: str, results: list[dict[str, Any]], repeats: int, **config: Any) -> Record:
+    """The fused call's seconds per buffer element against the torch-op passes' (same processes)."""
+    compressed, torch_kernels = _slowest(results, "compressed"), _slowest(results, "torch_kernels")
     padded = results[0]["numel"]
     return Record(
-        f"compression_ns_per_element_default_layout_n{TIMING_WORLD_SIZE}",
+        name,
         statistics.median(compressed) / padded * 1e9,
         "ns/element",
         peer="the same call with the torch-op passes (kernels=torch), same processes, alternated",
@@ -193,42 +198,37 @@ def _default_layout_record(numel: int, repeats: int, note: str) -> Record:
         config={
             "world_size": TIMING_WORLD_SIZE,
             "numel_padded": padded,
-            "layout": "optim=onebit_lamb default: per_column + per-row embeddings, exact 1-D tensors, "
-            "bfloat16 scales, mean_abs sign scale",
-            "segments_per_call": results[0]["segments"],
             "repeats": repeats,
             "threads_per_process": 1,
+            **config,
             "fused_seconds": compressed,
             "torch_kernels_seconds": torch_kernels,
-            "note": note,
         },
+    )
+
+
+def _default_layout_record(numel: int, repeats: int, note: str) -> Record:
+    results = run_local(_timing_worker, TIMING_WORLD_SIZE, (numel, repeats, True), timeout=1800)
+    return _per_element_record(
+        f"compression_ns_per_element_default_layout_n{TIMING_WORLD_SIZE}",
+        results,
+        repeats,
+        layout="optim=onebit_lamb default: per_column + per-row embeddings, exact 1-D tensors, "
+        "bfloat16 scales, mean_abs sign scale",
+        segments_per_call=results[0]["segments"],
+        note=note,
     )
 
 
 def _timing_records(numel: int, repeats: int, note: str) -> list[Record]:
     results = run_local(_timing_worker, TIMING_WORLD_SIZE, (numel, repeats))
-    # Per repeat, the slower rank's time (they differ only by barrier skew).
-    compressed = [max(times) for times in zip(*(result["compressed"] for result in results))]
-    plain = [max(times) for times in zip(*(result["plain"] for result in results))]
-    torch_kernels = [max(times) for times in zip(*(result["torch_kernels"] for result in results))]
-    padded = results[0]["numel"]
-    per_element = Record(
+    compressed, plain = _slowest(results, "compressed"), _slowest(results, "plain")
+    per_element = _per_element_record(
         f"compression_ns_per_element_n{TIMING_WORLD_SIZE}",
-        statistics.median(compressed) / padded * 1e9,
-        "ns/element",
-        peer="the same call with the torch-op passes (kernels=torch), same processes, alternated",
-        peer_value=statistics.median(torch_kernels) / padded * 1e9,
-        target="value <= 2.5 ns (issue #15); ratio < 1: the fused passes are faster",
-        config={
-            "world_size": TIMING_WORLD_SIZE,
-            "numel_padded": padded,
-            "repeats": repeats,
-            "threads_per_process": 1,
-            "what": "one compressed call on loopback (compute + loopback collectives) / buffer elements",
-            "fused_seconds": compressed,
-            "torch_kernels_seconds": torch_kernels,
-            "note": note,
-        },
+        results,
+        repeats,
+        what="one compressed call on loopback (compute + loopback collectives) / buffer elements",
+        note=note,
     )
     return [
         per_element,
