@@ -98,6 +98,15 @@ def state_bytes(cfg: TrainConfig, numel: int, world: int) -> dict[str, float]:
     return parts
 
 
+def checkpoint_bytes(cfg: TrainConfig, numel: int, processes: int) -> float:
+    """One checkpoint: the weights and the optimizer state every rank holds alike (m, v; 1-bit LAMB's fresh
+    v), written once by rank 0, plus each rank's own state (the 1-bit error feedback: a worker error as
+    large as the model and a server error for its chunk); the HF export comes on top."""
+    replicated = 8.0 * numel + (4.0 * numel if cfg.optim.name == "onebit_lamb" else 0.0)
+    own = 4.0 * numel + 4.0 * numel / max(1, processes) if cfg.optim.name in ONEBIT else 0.0
+    return 4.0 * numel + replicated + processes * own
+
+
 def compression_traffic(
     model: torch.nn.Module, options: dict[str, Any], world_size: int, max_seq_length: int
 ) -> CallTraffic:
@@ -251,11 +260,7 @@ def build(cfg: TrainConfig, world_size: int | None = None) -> Report:
                 f"the estimate {_gib(peak)} exceeds the GPU's {_gib(available)}: lower "
                 "batch.phases.N.micro_batch (accumulation keeps the global batch)"
             )
-    checkpoint = 4.0 * numel + processes * (
-        states["optimizer (m, v)"] + states.get("1-bit: server error", 0.0)
-    )
-    if cfg.optim.name in ONEBIT:
-        checkpoint += processes * 4.0 * numel  # each rank's worker error buffer
+    checkpoint = checkpoint_bytes(cfg, numel, processes)
     run_dir = Path(cfg.run_dir)
     free = _free_disk(run_dir)
     kept = checkpoint * cfg.checkpoint.keep_last

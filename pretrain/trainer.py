@@ -49,6 +49,7 @@ from pretrain.metrics import (
 )
 from pretrain.model import PretrainingObjective, build_model
 from pretrain.optim import build_optimizer, needs_gradient_allreduce, param_groups
+from pretrain.optim.base import split_replicated
 from pretrain.optim.config import GradAllreduce
 from pretrain.optim.schedule import build_scheduler
 from pretrain.phase_data import PhaseData, phase_folder
@@ -439,7 +440,8 @@ class Trainer:
             "grad_scaler": self.scaler.state_dict(),
             "world_size": self.env.world_size,
         }
-        rank_state = {"optimizer": self.optimizer.state_dict(), "rng": ckpt.rng_state()}
+        replicated, own = split_replicated(self.optimizer.state_dict())  # m, v: written once, by rank 0
+        rank_state = {"optimizer": own, "rng": ckpt.rng_state()}
         if self.simulated is not None:
             rank_state["simulated"] = self.simulated.state_dict()
         step = self.state.global_step
@@ -450,6 +452,7 @@ class Trainer:
             model=self.model,
             rank_state=rank_state,
             shared_state=shared,
+            replicated_state={"optimizer": replicated},
             export_hf=self._export_hf if self.cfg.checkpoint.export_hf else None,
             keep_last=self.cfg.checkpoint.keep_last,
             before_commit=lambda: self.faults.at("checkpoint_write", step),

@@ -27,6 +27,19 @@ from pretrain.optim import functional as F
 # Param-group keys owned by the current run's configuration, never taken from a checkpoint.
 RUN_OWNED_GROUP_KEYS = ("params", "exp_avg_mask")
 EXTRA_STATE_KEY = "extra"
+# The parts of a `state_dict()` that are the same on every data-parallel rank: the per-parameter state
+# (moments, frozen variance, coefficients) follows the synchronized gradients or the compressed average,
+# which every rank receives bitwise alike, and the groups hold the schedule's hyperparameters. What differs
+# per rank (the 1-bit error feedback, local momenta) lives under EXTRA_STATE_KEY.
+REPLICATED_STATE_KEYS = ("state", "param_groups")
+
+
+def split_replicated(state_dict: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A `state_dict()` (this module's optimizers or torch's) as (replicated, this rank's own); the union
+    of the two is the state dict. Checkpoints write the replicated part once (`pretrain.checkpoint`)."""
+    replicated = {key: value for key, value in state_dict.items() if key in REPLICATED_STATE_KEYS}
+    own = {key: value for key, value in state_dict.items() if key not in REPLICATED_STATE_KEYS}
+    return replicated, own
 
 
 def evaluate_closure(closure: Callable[[], Any] | None) -> Any:

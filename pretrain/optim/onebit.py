@@ -486,7 +486,9 @@ class OnebitOptimizer(OptimizerBase):
             "world_size": self.world_size,
             "freeze_step": self.freeze_step,
             "frozen_at": self.frozen_at,
-            "momentum_pads": [segment.pad for segment in segments],
+            # a copy: the pad is a view of the momentum buffer, and saving a view saves its whole storage
+            # (the momenta, which the checkpoint writes once, in its replicated part)
+            "momentum_pads": [segment.pad.clone() for segment in segments],
             "compressors": [segment.compressor.state_dict() for segment in segments if segment.compressor],
             "local_momenta": [segment.local_momentum for segment in segments],
         }

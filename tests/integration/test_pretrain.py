@@ -19,6 +19,7 @@ from launch.local import run_local
 from pretrain.comm import padded_numel
 from pretrain.comm.counter import compressed_call_traffic, ring_allreduce_bytes
 from pretrain.model import build_model
+from pretrain.preflight import checkpoint_bytes
 from tests.integration.pretrain_helpers import (
     compose_train_config,
     parameter_digest,
@@ -124,6 +125,22 @@ def test_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path):
     run_local(
         train_worker, 2, (overrides(tiny_data, stopped, "onebit_lamb", "max_steps=16", "deterministic=true"),)
     )
+    # m, v and the fresh v are the same on both ranks: rank 0 writes them once (replicated.pt); a rank's file
+    # holds its own error feedback (worker error: 1x the parameters, server error: 1/2), not the momenta
+    checkpoint = stopped / "checkpoints" / "step-00000016"
+    own = torch.load(checkpoint / "rank-00001.pt", map_location="cpu", weights_only=True)
+    assert "state" not in own["optimizer"] and own["optimizer"]["extra"]["compressors"]
+    rank_bytes = (checkpoint / "rank-00001.pt").stat().st_size
+    assert rank_bytes < 0.6 * (checkpoint / "replicated.pt").stat().st_size
+    # the pre-flight report's checkpoint size is what was written (HF export apart)
+    cfg = compose_train_config(overrides(tiny_data, stopped, "onebit_lamb"))
+    vocab_size = len(load_prepared_tokenizer(tiny_data / "seq128"))
+    numel = sum(p.numel() for p in build_model(cfg.model, vocab_size, torch.device("cpu")).parameters())
+    written = sum(
+        (checkpoint / name).stat().st_size
+        for name in ("model.safetensors", "replicated.pt", "rank-00000.pt", "rank-00001.pt")
+    )
+    assert checkpoint_bytes(cfg, numel, 2) == pytest.approx(written, rel=0.05)
     resumed = run_local(train_worker, 2, (overrides(tiny_data, stopped, "onebit_lamb", *extra),))
     assert resumed[0]["digest"] == straight[0]["digest"] == resumed[1]["digest"]
     losses = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "straight")}

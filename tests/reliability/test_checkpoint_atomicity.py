@@ -106,6 +106,47 @@ def test_checksums_cover_every_file_and_old_checkpoints_still_load(tmp_path: Pat
     ckpt.load_checkpoint(folder, 0, model)
 
 
+def test_replicated_state_is_written_once_and_merged_back_on_load(tmp_path: Path, model):
+    """The optimizer's moments (the same on every rank) go to replicated.pt, checksummed; loading gives the
+    rank its whole state back, nested dicts merged."""
+    moments = {"state": {0: {"exp_avg": torch.arange(6.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    folder = ckpt.save_checkpoint(
+        tmp_path / "checkpoints",
+        4,
+        rank=0,
+        model=model,
+        rank_state={"optimizer": {"extra": {"error": torch.ones(3)}}, "rng": ckpt.rng_state()},
+        shared_state={"train_state": {"global_step": 4}},
+        replicated_state={"optimizer": moments},
+    )
+    sums = json.loads((folder / ckpt.CHECKSUMS).read_text())["sha256"]
+    assert set(sums) == {"model.safetensors", "train_state.pt", "rank-00000.pt", ckpt.REPLICATED}
+    rank_state, _ = ckpt.load_checkpoint(folder, 0, model)
+    assert set(rank_state["optimizer"]) == {"extra", "state", "param_groups"}
+    assert torch.equal(rank_state["optimizer"]["state"][0]["exp_avg"], torch.arange(6.0))
+    assert torch.equal(rank_state["optimizer"]["extra"]["error"], torch.ones(3))
+    # a flipped byte in the replicated file is an error naming it, like any other file
+    data = bytearray((folder / ckpt.REPLICATED).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / ckpt.REPLICATED).write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match=r"replicated\.pt: sha256 differs"):
+        ckpt.load_checkpoint(folder, 0, model)
+
+
+def test_replicated_state_repeating_a_rank_key_is_refused(tmp_path: Path, model):
+    folder = ckpt.save_checkpoint(
+        tmp_path / "checkpoints",
+        1,
+        rank=0,
+        model=model,
+        rank_state={"optimizer": {"state": {0: {"step": torch.ones(())}}}, "rng": ckpt.rng_state()},
+        shared_state={"train_state": {"global_step": 1}},
+        replicated_state={"optimizer": {"state": {0: {"step": torch.ones(())}}}},
+    )
+    with pytest.raises(ckpt.CheckpointError, match=r"'/optimizer/state/0/step' is in the rank file too"):
+        ckpt.load_checkpoint(folder, 0, model)
+
+
 def test_fault_spec_parsing():
     assert parse("kill@13:mid_step,rank=1;term@22") == [
         Fault("kill", 13, "mid_step", rank=1),

@@ -214,7 +214,8 @@ def test_kill9_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path, reco
     expected, got = final_checkpoint(reference_dir), final_checkpoint(run_dir)
     assert expected.name == got.name == f"step-{plan.total_steps:08d}"
     digests, resumed_digests = checkpoint_digests(expected), checkpoint_digests(got)
-    assert set(digests) == {"model.safetensors", "train_state.pt", "rank-00000.pt", "rank-00001.pt"}
+    files = {"model.safetensors", "train_state.pt", "replicated.pt", "rank-00000.pt", "rank-00001.pt"}
+    assert set(digests) == files
     for name in digests:
         assert resumed_digests[name] == digests[name], f"{name} differs from the uninterrupted run"
     record(
