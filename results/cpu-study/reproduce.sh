@@ -47,9 +47,22 @@ PY=.venv/bin/python
 export OMP_NUM_THREADS=1 WANDB_MODE=disabled
 
 make --no-print-directory setup
-if [[ ! -f data/prepared/vocab/sample-8192.txt ]]; then
-  make --no-print-directory data/prepared/sample/seq128/manifest.json
-  $PY -m data.vocab_subset data/prepared/sample/seq128 8192 data/prepared/vocab/sample-8192.txt
+# The 8K vocabulary is cut by token frequency in the sample's seq-128 instances as the study prepared them
+# (short targets drawn per document). `data=sample` draws them per chunk since 10b93f6, which moves a few tokens
+# across the 8,192 cut and gave 17,864 instances instead of the study's 18,913: so the vocabulary has its own
+# preparation, and its hash is checked before anything trains on it.
+VOCAB=data/prepared/vocab/sample-8192.txt
+VOCAB_SHA256=3bbba317d37e628781b478be6d56ffe2ccf593291da729d0179a2c48ac65b573
+if [[ $DATA == sample_8k ]]; then
+  if [[ ! -f $VOCAB ]]; then
+    $PY -m data.prepare data=sample data.instances.short_seq_draw=document \
+      data.shards.output_dir=data/prepared/sample_vocab_source show_progress=false
+    $PY -m data.vocab_subset data/prepared/sample_vocab_source/seq128 8192 "$VOCAB"
+  fi
+  if [[ $(sha256sum "$VOCAB" | cut -d' ' -f1) != "$VOCAB_SHA256" ]]; then
+    echo "reproduce.sh: $VOCAB is not the study's vocabulary (sha256 differs): remove it and data/prepared/$DATA, then re-run" >&2
+    exit 2
+  fi
 fi
 make --no-print-directory "data/prepared/$DATA/seq128/manifest.json"
 
