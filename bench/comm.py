@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.records import Record, write_records
+from bench.records import Record, results_name, write_records
 from launch.local import run_local
 from pretrain.comm import CompressedAllreduce, padded_numel
 
@@ -269,7 +269,7 @@ def main(argv: list[str]) -> None:
     records = _traffic_records(QUICK_NUMEL // 16 if args.quick else TRAFFIC_NUMEL, num_calls=2)
     records.extend(_timing_records(numel, args.repeats, note))
     records.append(_default_layout_record(numel, args.repeats, note))
-    write_records("comm", records)
+    write_records(results_name("comm", numel != BERT_LARGE_NUMEL), records)
 
 
 if __name__ == "__main__":

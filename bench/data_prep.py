@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.records import Record, write_records
+from bench.records import Record, results_name, write_records
 from data.config import REPO_ROOT, default_shared_data_dir
 
 
@@ -210,7 +210,7 @@ def main(argv: list[str]) -> None:
                 )
             )
     _tokenization(records)
-    write_records("data_prep", records)
+    write_records(results_name("data_prep", quick), records)
 
 
 if __name__ == "__main__":

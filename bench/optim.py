@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from bench.records import Record, write_records
+from bench.records import Record, results_name, write_records
 from pretrain.optim import Lamb, OnebitLamb, param_groups
 from pretrain.optim import compiled as compiled_module
 from pretrain.optim import functional as F
@@ -335,4 +335,4 @@ def main(argv: list[str]) -> None:
             {**default_config, "compile": True},
         )
     )
-    write_records("optim", records)
+    write_records(results_name("optim", not large), records)

@@ -58,6 +58,12 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def results_name(name: str, quick: bool) -> str:
+    """`<name>_quick` for a reduced run: a quick check never replaces the full-scale records (the committed
+    `<name>.json` whose figures the README quotes)."""
+    return f"{name}_quick" if quick else name
+
+
 def write_records(name: str, records: list[Record], out_dir: Path | None = None) -> Path:
     """Write `<out_dir>/<name>.json` atomically (temp file + rename) and print a one-line summary each."""
     out_dir = Path(out_dir or RESULTS_DIR)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.records import Record, write_records
+from bench.records import Record, results_name, write_records
 from data.config import REPO_ROOT
 from data.prepare import prepare_in_subprocess
 
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> None:
         )
         if not quick:
             records.append(_measure("bert_base", data, Path(tmp) / "base_run", 8, 3, 3))
-    write_records("trainer", records)
+    write_records(results_name("trainer", quick), records)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,10 @@ class PeerLost(Exception):
 def is_comm_failure(error: BaseException) -> bool:
     if isinstance(error, dist.DistError):
         return True
-    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in _COMM_MARKERS)
+    text = str(error).lower()
+    if text.startswith("dataloader"):  # "DataLoader timed out after N seconds": a slow reader, not a peer
+        return False
+    return isinstance(error, RuntimeError) and any(m in text for m in _COMM_MARKERS)
 
 
 class Heartbeat:

@@ -245,12 +245,12 @@ class Trainer:
                         bar.set_postfix(loss=f"{metrics['loss']:.3f}")
                     self.faults.at("after_step", self.state.global_step)
                     every = self.cfg.checkpoint.every_steps
-                    if self._agree_on_signal():
+                    signum = self._agree_on_signal()
+                    if signum:
                         self.save()
                         self._hand_over_signal()
-                        raise Preempted(
-                            f"signal {self._signal}: checkpoint written at step {self.state.global_step}"
-                        )
+                        name = signal.Signals(signum).name
+                        raise Preempted(f"{name}: checkpoint written at step {self.state.global_step}")
                     if (
                         every
                         and self.state.global_step % every == 0
@@ -532,11 +532,13 @@ class Trainer:
         if callable(previous):
             previous(self._signal, None)
 
-    def _agree_on_signal(self) -> bool:
-        flag = torch.tensor([1.0 if self._signal is not None else 0.0], device=self.env.device)
+    def _agree_on_signal(self) -> int:
+        """The signal a rank received since the last step (the highest number when several did; 0: none),
+        the same on every rank, so that each names it (not only the rank the scheduler signalled)."""
+        flag = torch.tensor([float(self._signal or 0)], device=self.env.device)
         if self.env.world_size > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return int(flag.item())
 
     def _run_config(self) -> dict[str, Any]:
         """The resolved config, secrets redacted, plus flat keys to group runs by (W&B cannot group by a

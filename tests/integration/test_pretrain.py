@@ -197,6 +197,7 @@ def test_sigusr1_checkpoints_exits_75_and_resume_continues(tiny_data: Path, tmp_
     os.kill(process.pid, signal.SIGUSR1)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 75, stderr
+    assert "SIGUSR1: checkpoint written at step" in stderr, stderr
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
     assert len(checkpoints) == 1 and (checkpoints[0] / "COMPLETE").is_file()
     stopped_at = int(checkpoints[0].name.removeprefix("step-"))

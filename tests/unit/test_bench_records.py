@@ -1,0 +1,34 @@
+"""Benchmark records: a reduced (--quick) run never replaces the full-scale results the README quotes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import bench.comm
+import bench.records
+from bench.records import Record, results_name, write_records
+
+
+def test_quick_runs_write_their_own_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(bench.records, "RESULTS_DIR", tmp_path)
+    record = Record(name="x", value=2.0, unit="s", peer="y", peer_value=1.0, ratio=2.0, config={})
+    monkeypatch.setattr(bench.comm, "_traffic_records", lambda *a, **k: [record])
+    monkeypatch.setattr(bench.comm, "_timing_records", lambda *a, **k: [])
+    monkeypatch.setattr(bench.comm, "_default_layout_record", lambda *a, **k: record)
+    bench.comm.main(["--quick"])
+    bench.comm.main(["--numel", "4096"])  # any reduced size is a quick run too
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["comm_quick.json"]
+    bench.comm.main([])
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["comm.json", "comm_quick.json"]
+    assert json.loads((tmp_path / "comm.json").read_text())[0]["name"] == "x"
+
+
+def test_results_name_and_atomic_write(tmp_path: Path):
+    assert results_name("optim", quick=True) == "optim_quick"
+    assert results_name("optim", quick=False) == "optim"
+    path = write_records("optim_quick", [], out_dir=tmp_path)
+    assert path == tmp_path / "optim_quick.json" and json.loads(path.read_text()) == []
+    assert not list(tmp_path.glob("*.tmp"))
