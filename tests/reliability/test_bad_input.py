@@ -624,7 +624,7 @@ def checkpoint_bytes(base_run: Path) -> dict[str, bytes]:
 
 @PROPERTY
 @given(
-    name=st.sampled_from(["model.safetensors", "rank-00000.pt", "train_state.pt"]),
+    name=st.sampled_from(["model.safetensors", "rank-00000.pt", "replicated.pt", "train_state.pt"]),
     position=st.floats(0, 1, exclude_max=True),
     flip=st.integers(1, 255),
     truncate=st.booleans(),
