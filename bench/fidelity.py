@@ -7,7 +7,8 @@ counts, target ≤ 1.01 for the remedy), LAMB's final masked-LM accuracy, the wh
 against an fp32 allreduce, and the downstream gaps in units of the pooled seed std. Record names carry
 `deepspeed` for the DeepSpeed-parity arm and `sim` for simulated workers. Nothing is measured here:
 every number comes from the committed runs, so the file is reproducible from them. The study's long arm
-(`results/cpu-study-long/summary.json`, 3,000 steps), when present, adds the same records ending in `_long`.
+(`results/cpu-study-long/summary.json`, 3,000 steps), when present, adds the same records ending in `_long`,
+and the seq-32 study (`results/cpu-study-s32/summary.json`, where LAMB leaves the unigram stage) in `_s32`.
 
 It also states each exchange's byte cost for BERT-Large (`bert_large_compression_bytes_<mode>_n<n>`):
 one compression-stage call's bytes per rank from the byte counter's formulas on the real BERT-Large
@@ -28,6 +29,8 @@ from bench.records import Record, write_records
 STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study" / "summary.json"
 # the study's long arm (7.5x the steps; reproduce.sh stage `long`), reported apart: records end in `_long`
 LONG_STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study-long" / "summary.json"
+# the seq-32 study (reproduce.sh stage `s32`), reported apart: records end in `_s32`
+S32_STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study-s32" / "summary.json"
 REMEDY_TARGET = "<= 1.01 (3-seed means, 2 real and >= 32 simulated workers)"
 
 
@@ -186,6 +189,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench fidelity")
     parser.add_argument("--summary", type=Path, default=STUDY)
     parser.add_argument("--long-summary", type=Path, default=LONG_STUDY, help="read when it exists")
+    parser.add_argument("--s32-summary", type=Path, default=S32_STUDY, help="read when it exists")
     args = parser.parse_args(argv)
     if not args.summary.is_file():
         raise SystemExit(
@@ -194,6 +198,7 @@ def main(argv: list[str]) -> None:
     records = records_from_summary(json.loads(args.summary.read_text()))
     if not records:
         raise SystemExit(f"bench fidelity: {args.summary} has no LAMB or 1-bit groups to compare")
-    if args.long_summary.is_file():
-        records += records_from_summary(json.loads(args.long_summary.read_text()), tail="_long")
+    for summary, tail in ((args.long_summary, "_long"), (args.s32_summary, "_s32")):
+        if summary.is_file():
+            records += records_from_summary(json.loads(summary.read_text()), tail=tail)
     write_records("fidelity", records + byte_cost_records())

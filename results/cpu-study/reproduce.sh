@@ -32,6 +32,12 @@
 #             steps, 2,400 of them compressed); reported apart in results/cpu-study-long/ (LONG_ARMS="<arms>")
 #   long_finetune  the long runs' final checkpoints on SST-2 and MRPC (FT_TASKS="sst2" for a subset); the
 #             floor is the `finetune` stage's randomly initialised model
+#   s32       seeds x {lamb n2, remedy_col_ev16 (the default) n2 and sim32, deepspeed n2 and sim32} with
+#             conf/batch/cpu_study_s32.yaml on the sample at seq 32 (data=sample_8k_s32): 3,200 steps, 2,560 of
+#             them compressed, where LAMB leaves the unigram stage (> 25% masked-LM accuracy); reported apart in
+#             results/cpu-study-s32/ (S32_ARMS="<arms>", WORKERS="<workers>" for subsets)
+#   s32_finetune  the seq-32 runs' final checkpoints and the randomly initialised model (the floor) on SST-2's
+#             full training set at length 32, the pretraining length (1 epoch, LR 1e-4), seed = the run's
 #   arms      any arms of the table below: ARMS="<arms>" at WORKERS (default n2) for SEEDS with the recipe BATCH
 #             (default cpu_study_b128); not in the default STAGES
 #   report    keep the runs' small files in results/cpu-study/runs/, compare, records
@@ -40,7 +46,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-"1 2 3"}
-STAGES=${STAGES:-"main decomposition output_bias precondition columns local finetune scale pieces batch32 long long_finetune report"}
+STAGES=${STAGES:-"main decomposition output_bias precondition columns local finetune scale pieces batch32 long long_finetune s32 s32_finetune report"}
 MODEL=${MODEL:-bert_tiny}
 DATA=${DATA:-sample_8k}
 PY=.venv/bin/python
@@ -65,6 +71,9 @@ if [[ $DATA == sample_8k ]]; then
   fi
 fi
 make --no-print-directory "data/prepared/$DATA/seq128/manifest.json"
+if [[ " $STAGES " == *" s32 "* && ! -f data/prepared/${DATA}_s32/seq32/manifest.json ]]; then
+  $PY -m data.prepare data="${DATA}_s32" show_progress=false
+fi
 
 declare -A ARM=(
   [lamb]="optim=lamb"
@@ -93,8 +102,12 @@ declare -A ARM=(
 # pretrain <arm> <workers: n1 | n2 | n4 | sim8 | sim32> <seed> <batch recipe>
 pretrain() {
   local arm=$1 workers=$2 seed=$3 batch=$4
-  local global=${batch##*_b} tag
-  [[ $batch == cpu_study_long ]] && global=128 tag=long || tag=b$global
+  local global=${batch##*_b} tag data=$DATA cap=32
+  case $batch in
+    cpu_study_long) global=128 tag=long ;;
+    cpu_study_s32) global=128 tag=s32 data=${DATA}_s32 cap=64 ;;  # 64 x 32 tokens: less than 32 x 128
+    *) tag=b$global ;;
+  esac
   local run="cpu-study-$tag-$arm-$workers-s$seed"
   [[ -f results/runs/$run/summary.json ]] && return 0
   local processes=2 per_process=1
@@ -103,10 +116,10 @@ pretrain() {
     sim*) per_process=$(( ${workers#sim} / 2 )) ;;
   esac
   local share=$(( global / (processes * per_process) ))
-  local micro=$(( share < 32 ? share : 32 ))
+  local micro=$(( share < cap ? share : cap ))
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) launch/torchrun.sh --nproc "$processes" -- batch="$batch" ${ARM[$arm]} model="$MODEL" \
-    data_dir="data/prepared/$DATA" seed="$seed" run_name="$run" sim_world_size="$per_process" \
+    data_dir="data/prepared/$data" seed="$seed" run_name="$run" sim_world_size="$per_process" \
     batch.phases.0.micro_batch="$micro" diagnostics=true log_every=5 checkpoint.every_steps=0 \
     wandb.mode=disabled show_progress=false
 }
@@ -184,6 +197,33 @@ if stage long_finetune; then  # the long arm's checkpoints on SST-2 and MRPC (FT
     done
   done
 fi
+if stage s32; then  # seq 32: LAMB past the unigram stage on 2 cores (conf/batch/cpu_study_s32.yaml)
+  for seed in $SEEDS; do
+    for arm in ${S32_ARMS:-lamb remedy_col_ev16 deepspeed}; do
+      for workers in ${WORKERS:-n2 sim32}; do
+        [[ $arm == lamb && $workers == sim* ]] && continue  # LAMB averages the same gradient at any count
+        pretrain "$arm" "$workers" "$seed" cpu_study_s32
+      done
+    done
+  done
+fi
+if stage s32_finetune; then
+  random=results/runs/cpu-study-random-init
+  if [[ ! -d $random/checkpoints ]]; then  # the floor: the same model, initialised, no step taken
+    $PY -m pretrain batch=cpu_study_b128 optim=lamb model="$MODEL" data_dir="data/prepared/$DATA" seed=1 \
+      run_name=cpu-study-random-init max_steps=0 wandb.mode=disabled show_progress=false
+  fi
+  for seed in $SEEDS; do
+    for run in "$random" results/runs/cpu-study-s32-*-s"$seed"; do
+      [[ $run == "$random" || -f $run/summary.json ]] || continue
+      [[ $run != "$random" ]] && diverged "$run" && continue
+      out=$run/finetune/final/sst2-len32$([[ $run == "$random" ]] && echo "-s$seed")
+      [[ -f $out/all_results.json ]] || OMP_NUM_THREADS=2 $PY -m finetune task=sst2 model_path="$run" \
+        output_dir="$out" task.lr=1e-4 task.epochs=1 task.max_length=32 "seeds=[$seed]" wandb.mode=disabled \
+        show_progress=false
+    done
+  done
+fi
 if stage arms; then  # ARMS="remedy_col remedy_pre_exact" WORKERS="n2 sim32" SEEDS="1 2 3"
   for seed in $SEEDS; do
     for workers in ${WORKERS:-n2}; do
@@ -245,8 +285,10 @@ if stage report; then
     (cd "$run_dir" && find finetune -name all_results.json -exec cp --parents {} "../../../$keep/" \;) || true
   done
   $PY -m results.compare study=cpu-study 'runs=[results/cpu-study/runs/cpu-study-b*]' final_window=10
-  if compgen -G "results/cpu-study/runs/cpu-study-long-*" > /dev/null; then  # the long arm, reported apart
-    $PY -m results.compare study=cpu-study-long 'runs=[results/cpu-study/runs/cpu-study-long-*]' final_window=10
-  fi
+  for tag in long s32; do  # the long arm and the seq-32 study, reported apart
+    if compgen -G "results/cpu-study/runs/cpu-study-$tag-*" > /dev/null; then
+      $PY -m results.compare study="cpu-study-$tag" "runs=[results/cpu-study/runs/cpu-study-$tag-*]" final_window=10
+    fi
+  done
   $PY -m bench fidelity
 fi

@@ -38,9 +38,11 @@ def test_recipe_composes(batch: str, optim: str):
     if batch.startswith("cpu_study_"):
         # the CPU study's stand-ins: phase 1 only, the same samples at every batch, freeze_step ~15-20%,
         # >= 300 compression steps, a global batch that 2, 4, 8 and 32 workers divide
-        assert [p.max_seq_length for p in phases] == [128]
+        assert [p.max_seq_length for p in phases] == [32 if batch == "cpu_study_s32" else 128]
         if batch == "cpu_study_long":  # the b128 recipe 7.5x longer (LAMB past the unigram stage)
             assert phases[0].global_batch == 128 and phases[0].steps * 128 == 7.5 * 51200
+        elif batch == "cpu_study_s32":  # seq 32: 128 x 32 tokens per step, as the b32 recipe's 32 x 128
+            assert phases[0].global_batch == 128 and phases[0].steps * 128 == 409600
         else:
             assert phases[0].global_batch == int(batch.removeprefix("cpu_study_b"))
             assert phases[0].steps * phases[0].global_batch == 51200
@@ -61,13 +63,28 @@ def test_models_compose(model: str):
     assert compose_train_config([f"model={model}"]).model.size.value == model
 
 
-def test_dry_run_builds_every_recipe(tiny_data: Path, tmp_path: Path):
+@pytest.fixture(scope="module")
+def tiny_data_s32(tmp_path_factory) -> Path:
+    """`data=tiny` at seq 32 (the seq-32 study's recipe reads seq32/)."""
+    from data.prepare import prepare_in_subprocess
+
+    out = tmp_path_factory.mktemp("data") / "tiny_s32"
+    return prepare_in_subprocess(
+        out,
+        "data=tiny",
+        "data.tokenizer.vocab_file=null",
+        "data.tokenizer.vocab_size=2000",
+        "data.instances.max_seq_lengths=[32]",
+    )
+
+
+def test_dry_run_builds_every_recipe(tiny_data: Path, tiny_data_s32: Path, tmp_path: Path):
     for batch in BATCHES:
         proc = run_pretrain(
             f"batch={batch}",
             "optim=onebit_lamb",
             "model=bert_tiny",
-            f"data_dir={tiny_data}",
+            f"data_dir={tiny_data_s32 if batch == 'cpu_study_s32' else tiny_data}",
             f"run_dir={tmp_path / batch}",
             "dry_run=true",
         )

@@ -69,7 +69,8 @@ def composition_error(config: str, overrides: list[str]) -> Exception:
             "prepare",
             ["data=nosuch"],
             "In 'prepare': Could not find 'data/nosuch'; "
-            "available options in 'data': hub_tiny, sample, sample_8k, tiny, wikipedia_bookcorpus",
+            "available options in 'data': hub_tiny, sample, sample_8k, sample_8k_s32, tiny, "
+            "wikipedia_bookcorpus",
         ),
         (
             "dashboard",
