@@ -96,6 +96,8 @@ declare -A ARM=(
   [remedy_col_ev16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   [remedy_col_bf16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.scale_dtype=bfloat16 optim.exact_vectors=false"
   [remedy_col_eps6]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.eps=1e-6 optim.exact_vectors=false optim.scale_dtype=float32"
+  # the default with the variance frozen later (seq-32 study: after LAMB leaves the unigram stage)
+  [remedy_col_ev16_f1600]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1600"
   [remedy_local]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true optim.exact_vectors=false optim.scale_dtype=float32"
 )
 
@@ -137,6 +139,15 @@ finetune() {  # finetune <run folder> <task> <seed>
 }
 
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+random_init() {  # the floor: the same model, initialised, no step taken; prints its run folder
+  local run=results/runs/cpu-study-random-init
+  if [[ ! -d $run/checkpoints ]]; then
+    $PY -m pretrain batch=cpu_study_b128 optim=lamb model="$MODEL" data_dir="data/prepared/$DATA" seed=1 \
+      run_name=cpu-study-random-init max_steps=0 wandb.mode=disabled show_progress=false >&2
+  fi
+  echo "$run"
+}
 
 diverged() {  # diverged <run folder>: non-finite or ending above its first loss (results/compare/analysis.py)
   $PY -c 'import sys; from pathlib import Path; from results.compare.analysis import diverged
@@ -208,11 +219,7 @@ if stage s32; then  # seq 32: LAMB past the unigram stage on 2 cores (conf/batch
   done
 fi
 if stage s32_finetune; then
-  random=results/runs/cpu-study-random-init
-  if [[ ! -d $random/checkpoints ]]; then  # the floor: the same model, initialised, no step taken
-    $PY -m pretrain batch=cpu_study_b128 optim=lamb model="$MODEL" data_dir="data/prepared/$DATA" seed=1 \
-      run_name=cpu-study-random-init max_steps=0 wandb.mode=disabled show_progress=false
-  fi
+  random=$(random_init)
   for seed in $SEEDS; do
     for run in "$random" results/runs/cpu-study-s32-*-s"$seed"; do
       [[ $run == "$random" || -f $run/summary.json ]] || continue
@@ -232,11 +239,7 @@ if stage arms; then  # ARMS="remedy_col remedy_pre_exact" WORKERS="n2 sim32" SEE
   done
 fi
 if stage finetune; then
-  random=results/runs/cpu-study-random-init
-  if [[ ! -d $random/checkpoints ]]; then  # the floor: the same model, initialised, no step taken
-    $PY -m pretrain batch=cpu_study_b128 optim=lamb model="$MODEL" data_dir="data/prepared/$DATA" seed=1 \
-      run_name=cpu-study-random-init max_steps=0 wandb.mode=disabled show_progress=false
-  fi
+  random=$(random_init)
   for task in sst2 mrpc; do
     for seed in 1 2 3; do  # one folder per seed: all_results.json marks each as done
       out=$random/finetune/final/$task-s$seed
@@ -286,8 +289,12 @@ if stage report; then
   done
   $PY -m results.compare study=cpu-study 'runs=[results/cpu-study/runs/cpu-study-b*]' final_window=10
   for tag in long s32; do  # the long arm and the seq-32 study, reported apart
-    if compgen -G "results/cpu-study/runs/cpu-study-$tag-*" > /dev/null; then
-      $PY -m results.compare study="cpu-study-$tag" "runs=[results/cpu-study/runs/cpu-study-$tag-*]" final_window=10
+    # freeze-step ablations (arms ending in _f<step>) stay out: the comparison groups runs by their optimizer
+    # options, and freeze_step is a batch option, so they would be averaged with the default; the study's
+    # README reports them
+    runs=$(find results/cpu-study/runs -maxdepth 1 -name "cpu-study-$tag-*" ! -name "*_f[0-9]*" | sort | paste -sd,)
+    if [[ -n $runs ]]; then
+      $PY -m results.compare study="cpu-study-$tag" "runs=[$runs]" final_window=10
     fi
   done
   $PY -m bench fidelity
