@@ -20,9 +20,9 @@ moves the old folder to `step-N.replaced/` until the new one is in place, and th
 tensor would otherwise load silently) and uses safetensors and `torch.load(weights_only=True)` only.
 
 Why the split: the moments m, v are identical on every data-parallel rank, so writing them from every
-rank made a checkpoint grow with the world size (BERT-Large, 1-bit LAMB, 8 ranks: 32.6 GiB, of which
-7 × 2.5 GiB were copies of rank 0's m and v). Checkpoints written before `replicated.pt` existed (every
-rank file holding the whole optimizer state) still load.
+rank made a checkpoint grow with the world size (BERT-Large, 1-bit LAMB, 8 ranks: 42.6 GiB, of which
+7 × 3.8 GiB were copies of rank 0's m, v and fresh v; 16.3 GiB now). Checkpoints written before
+`replicated.pt` existed (every rank file holding the whole optimizer state) still load.
 """
 
 from __future__ import annotations
