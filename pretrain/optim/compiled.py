@@ -154,9 +154,9 @@ class CompiledCompressionStep:
 
 
 class CompiledWarmupStep:
-    """The warmup's DeepSpeed LAMB step (no bias correction, ratio clamped on every tensor) through
-    LAMB's compiled kernels; returns the ratios. The caller sends tensors below `COMPILED_MIN_NUMEL`
-    through the eager foreach step instead (`split_by_size`)."""
+    """The warmup's LAMB step through LAMB's compiled kernels (`clamp_ratio`: DeepSpeed's, else NVLAMB's
+    for a group with weight decay; `scalars` from `lamb_kernel_scalars`); returns the ratios. The caller
+    sends tensors below `COMPILED_MIN_NUMEL` through the eager foreach step instead (`split_by_size`)."""
 
     def __init__(self) -> None:
         self._direction = compiled(F.lamb_tensor_direction_)
@@ -170,10 +170,11 @@ class CompiledWarmupStep:
         exp_avg_sqs: list[Tensor],
         *,
         scalars: Tensor,
+        clamp_ratio: bool = True,
     ) -> Tensor:
         ratios = []
         for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
             p, g, m, v = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1)
             norms = self._direction(p, g, m, v, scalars)
-            ratios.append(self._apply(p, m, v, norms, scalars, clamp_ratio=True))
+            ratios.append(self._apply(p, m, v, norms, scalars, clamp_ratio=clamp_ratio))
         return torch.stack(ratios)

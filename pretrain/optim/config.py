@@ -18,7 +18,7 @@ from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.optim import compiled
 from pretrain.optim.lamb import LambVariant
 from pretrain.optim.onebit import Compression
-from pretrain.optim.onebit_lamb import TrustRatio
+from pretrain.optim.onebit_lamb import TrustRatio, Warmup
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class AdamWConfig(OptimizerConfig):
 @dataclass
 class _OnebitConfig(OptimizerConfig):
     freeze_step: int = 100000  # warmup steps; the tutorial advises 15-25% of the run
-    eps: float = 1e-8
+    eps: float | None = 1e-8  # None: the optimizer's default (1-bit LAMB: its warmup's)
     # Momentum mask for position-embedding rows >= max_seq_length (never trained): `param_groups(...,
     # max_seq_length=...)` builds it; 1-bit signs cannot encode the zero momentum of those rows.
     mask_unused_position_embeddings: bool = True
@@ -155,6 +155,8 @@ class _OnebitConfig(OptimizerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.eps is None:
+            self.eps = 1e-8
         _require(self.freeze_step >= 1, "freeze_step", f"must be >= 1, got {self.freeze_step}")
         _require(self.block_size >= 8, "block_size", f"must be >= 8, got {self.block_size}")
         _require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
@@ -198,9 +200,17 @@ class OnebitLambConfig(_OnebitConfig):
     # the compression stage's coefficient: live (LAMB's trust ratio on the compressed momentum, every step),
     # live_clamped (also >= min_coeff) or frozen (DeepSpeed: c̄ x factor); pretrain/optim/onebit_lamb.py
     trust_ratio: TrustRatio = TrustRatio.live
+    # the warmup's LAMB: deepspeed (DeepSpeed's: no bias correction, clamped ratio on every tensor) or nvlamb
+    # (optim=lamb's exactly; the compression stage keeps its rules: pretrain/optim/onebit_lamb.py)
+    warmup: Warmup = Warmup.nvlamb
+    max_grad_norm: float = 1.0  # warmup=nvlamb: global gradient pre-normalization (0 disables)
+    # the 1-D tensors' variance stays live after the freeze, from their exactly averaged momentum (no bytes;
+    # with exact_vectors only, else it does nothing): pretrain/optim/onebit_lamb.py
+    live_vector_variance: bool = True
+    eps: float | None = None  # None: the warmup's default (nvlamb 1e-6 as optim=lamb, deepspeed 1e-8)
     # The remedy is the default (results/cpu-study/: measured against LAMB and DeepSpeed's algorithm);
-    # DeepSpeed's exactly: compression=deepspeed sign_scale=rms trust_ratio=frozen precondition=false
-    # exact_vectors=false scale_dtype=float32.
+    # DeepSpeed's exactly: warmup=deepspeed live_vector_variance=false compression=deepspeed sign_scale=rms
+    # trust_ratio=frozen precondition=false exact_vectors=false scale_dtype=float32.
     compression: Compression = Compression.per_column
     sign_scale: SignScale = SignScale.mean_abs
     precondition: bool = True
@@ -211,8 +221,16 @@ class OnebitLambConfig(_OnebitConfig):
     compile: bool = False
 
     def __post_init__(self) -> None:
+        if self.eps is None:  # the warmup's default: nvlamb 1e-6 (as optim=lamb), deepspeed 1e-8
+            self.eps = 1e-6 if Warmup(self.warmup) is Warmup.nvlamb else 1e-8
         super().__post_init__()
         self._check_name("onebit_lamb")
+        _require(
+            not (Warmup(self.warmup) is Warmup.nvlamb and TrustRatio(self.trust_ratio) is TrustRatio.frozen),
+            "warmup",
+            "nvlamb needs optim.trust_ratio=live or live_clamped (DeepSpeed's: optim.warmup=deepspeed)",
+        )
+        _require(self.max_grad_norm >= 0, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}")
         _require(
             not (self.local_momentum and TrustRatio(self.trust_ratio) is TrustRatio.frozen),
             "local_momentum",
@@ -252,6 +270,9 @@ class OnebitLambConfig(_OnebitConfig):
             "factor_threshold": self.factor_threshold,
             "coeff_bias_correction": self.coeff_bias_correction,
             "trust_ratio": TrustRatio(self.trust_ratio),
+            "warmup": Warmup(self.warmup),
+            "max_grad_norm": self.max_grad_norm,
+            "live_vector_variance": self.live_vector_variance,
             "compile": self.compile,
         }
 

@@ -21,6 +21,24 @@ and a divergence). With `coeff_bias_correction` the
 frozen coefficient is the bias-corrected EMA c̄/(1 − coeff_beta^k), k the number of warmup updates that
 entered it (DeepSpeed uses c̄ as is, which after k updates of a constant c is only (1 − β^k)·c).
 
+`warmup="nvlamb"` makes the warmup steps exactly `Lamb(variant="nvlamb")` (the LAMB the project compares
+against: gradients pre-normalized by max(1, G/max_grad_norm), bias-corrected moments, the trust ratio
+only on tensors whose group has weight decay, no clamp), and the compression stage keeps its rules: at
+the freeze m and v are replaced by their bias-corrected values (the EMAs then continue unbiased), the
+local gradients are multiplied by the warmup's average pre-normalization factor (EMA with β2,
+bias-corrected; frozen like v, since the global norm of the averaged gradient is not known before the
+exchange), and the tensors without weight decay step η·m/(√v+ε) (ratio 1) while the others take the
+live trust ratio. Needs a live trust ratio. DeepSpeed's warmup applies the clamped ratio to every
+tensor: zero-initialised biases (the MLM decoder bias, the output prior, among them) then step
+η·max(min_coeff, ‖p‖/‖u‖)·u, 10-25x below LAMB's in the seq-32 study (results/cpu-study/README.md).
+
+`live_vector_variance` keeps the variance of the 1-D tensors (biases, LayerNorm) live through the
+compression stage: `exact_vectors` averages them exactly, so each step's average gradient is their
+momentum's own increment, ĝ = (m̂ₜ − β1·m̂ₜ₋₁)/(1 − β1), and v ← β2·v + (1 − β2)·ĝ² after the step
+(used from the next one, also as their exchange divisor √v+ε: replicated, so it costs no bytes). With
+v frozen, the tensors without a trust ratio step η·m/√v_frozen, ~2x LAMB's in the seq-32 study once
+their gradients outgrow the variance frozen before attention learned.
+
 Defaults: this class's arguments are DeepSpeed's algorithm (spec §3: one scale per buffer, RMS sign scale,
 frozen c̄·f), the parity mode. The project's config (`conf/optim/onebit_lamb.yaml`, `OnebitLambConfig`)
 defaults to the remedy instead — `compression=per_column`, `precondition=True`, `sign_scale=mean_abs`,
@@ -48,9 +66,17 @@ from torch import Tensor
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.optim import compiled
 from pretrain.optim import functional as F
+from pretrain.optim.base import global_grad_norm
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
 
 logger = logging.getLogger(__name__)
+
+
+class Warmup(str, enum.Enum):
+    """The warmup's LAMB, and the rules the compression stage keeps from it (module docstring)."""
+
+    deepspeed = "deepspeed"  # DeepSpeed's LAMB: no bias correction, clamped trust ratio on every tensor
+    nvlamb = "nvlamb"  # `Lamb(variant="nvlamb")`: pre-normalized gradients, bias correction, ratio on decayed
 
 
 class TrustRatio(str, enum.Enum):
@@ -79,6 +105,10 @@ class OnebitLamb(OnebitOptimizer):
             the momentum exchange (`pretrain.optim.onebit`); the defaults are DeepSpeed's algorithm on real
             ranks. `local_momentum` needs a live trust ratio.
         coeff_bias_correction: freeze the bias-corrected c̄ (module docstring).
+        warmup: `deepspeed` (DeepSpeed's LAMB, the parity mode) or `nvlamb` (module docstring).
+        max_grad_norm: `warmup="nvlamb"`: the global gradient pre-normalization threshold (0 disables).
+        live_vector_variance: keep the 1-D tensors' variance live (module docstring); with
+            `exact_vectors` only (without it they are not averaged exactly and this does nothing).
         trust_ratio: `frozen` (DeepSpeed: c̄·f), `live` or `live_clamped` (module docstring).
         compile: run the warmup and compression steps as `torch.compile`d passes
             (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs a live trust
@@ -113,12 +143,19 @@ class OnebitLamb(OnebitOptimizer):
         scale_dtype: ScaleDtype | str = ScaleDtype.float32,
         coeff_bias_correction: bool = False,
         trust_ratio: TrustRatio | str = TrustRatio.frozen,
+        warmup: Warmup | str = Warmup.deepspeed,
+        max_grad_norm: float = 1.0,
+        live_vector_variance: bool = False,
         compile: bool = False,
     ) -> None:
         if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
             raise ValueError("OnebitLamb needs 0 <= min_coeff <= max_coeff and 0 < factor_min <= factor_max")
         if local_momentum and TrustRatio(trust_ratio) is TrustRatio.frozen:
             raise ValueError("OnebitLamb: local_momentum needs trust_ratio='live' or 'live_clamped'")
+        if Warmup(warmup) is Warmup.nvlamb and TrustRatio(trust_ratio) is TrustRatio.frozen:
+            raise ValueError("OnebitLamb: warmup='nvlamb' needs trust_ratio='live' or 'live_clamped'")
+        if max_grad_norm < 0:
+            raise ValueError(f"OnebitLamb: max_grad_norm must be >= 0, got {max_grad_norm}")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -149,6 +186,8 @@ class OnebitLamb(OnebitOptimizer):
         self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta
         self.coeff_bias_correction = coeff_bias_correction
         self.trust_ratio = TrustRatio(trust_ratio)
+        self.warmup, self.max_grad_norm = Warmup(warmup), max_grad_norm
+        self.live_vector_variance = live_vector_variance
         self._last_live_coeffs: dict[int, Any] = {}  # `live`: the last step's coefficients, per group
         self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
 
@@ -173,57 +212,154 @@ class OnebitLamb(OnebitOptimizer):
         )
 
     def _warmup_step(self, grads: list[Tensor]) -> None:
+        grad_scale = self._warmup_grad_scale(grads)
         for group, span in self._group_slices():
             params = group["params"]
             tensors = [[self._fp32_param(p) for p in params], grads[span]]
             tensors += [self._states(params, "exp_avg"), self._states(params, "exp_avg_sq")]
+            hyper = self._warmup_hyper(group, grad_scale)
             coeffs: Tensor | None
             if self._compiled_warmup is not None:
-                coeffs = self._compiled_warmup_group(group, tensors)
+                coeffs = self._compiled_warmup_group(hyper, tensors)
             else:
-                coeffs = self._eager_warmup_group(group, tensors)
+                coeffs = self._eager_warmup_group(hyper, tensors)
+            if coeffs is None:  # nvlamb, a group without weight decay: no trust ratio (1 counts as none)
+                coeffs = torch.ones(len(params), dtype=torch.float32, device=params[0].device)
             coeff_freeze = self._states(params, "lamb_coeff_freeze")
-            ema = F.freeze_coeff_ema(torch.stack(coeff_freeze), coeffs, self.coeff_beta)  # type: ignore[arg-type]
+            ema = F.freeze_coeff_ema(torch.stack(coeff_freeze), coeffs, self.coeff_beta)
             torch._foreach_copy_(coeff_freeze, list(ema.unbind()))
-            assert coeffs is not None
             counts = self._coeff_update_counts(params)
             torch._foreach_add_(counts, list((coeffs != 1.0).float().unbind()))
 
-    def _eager_warmup_group(self, group: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor:
+    def _warmup_grad_scale(self, grads: list[Tensor]) -> float:
+        """nvlamb: the pre-normalization 1/max(1, G/max_grad_norm) of this step (G over all tensors, one
+        host sync, as `Lamb`), folded into every group's β2-EMA of it (`grad_scale_ema`); else 1."""
+        if self.warmup is not Warmup.nvlamb or self.max_grad_norm <= 0:
+            return 1.0
+        scale = 1.0 / max(1.0, float(global_grad_norm(grads)) / self.max_grad_norm)
+        for group in self.param_groups:
+            beta2 = group["betas"][1]
+            group["grad_scale_ema"] = beta2 * group.get("grad_scale_ema", 0.0) + (1.0 - beta2) * scale
+        return scale
+
+    def _warmup_hyper(self, group: dict[str, Any], grad_scale: float) -> dict[str, Any]:
+        hyper = self._hyper(group)
+        if self.warmup is Warmup.nvlamb:
+            bias_correction1, bias_correction2_sqrt = F.bias_corrections(
+                hyper["beta1"], hyper["beta2"], group["step"] + 1
+            )
+            hyper.update(
+                bias_correction1=bias_correction1,
+                bias_correction2_sqrt=bias_correction2_sqrt,
+                grad_scale=grad_scale,
+            )
+        return hyper
+
+    def _eager_warmup_group(self, hyper: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor | None:
+        if self.warmup is Warmup.nvlamb:
+            return self._chunked(F.nvlamb_update_, tensors, (), **hyper)
         extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
-        coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **self._hyper(group))
+        coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **hyper)
         assert coeffs is not None
         return coeffs
 
-    def _compiled_warmup_group(self, group: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor:
+    def _compiled_warmup_group(self, hyper: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor | None:
         """Compiled kernels for the large tensors, the eager foreach step for the small ones (one
         compiled call costs more than their whole update: `compiled.COMPILED_MIN_NUMEL`)."""
         assert self._compiled_warmup is not None
-        hyper = self._hyper(group)
         params = tensors[0]
+        clamp_ratio = self.warmup is Warmup.deepspeed
+        if not clamp_ratio and hyper["weight_decay"] == 0.0:  # nvlamb: no ratio, a plain foreach step
+            return self._eager_warmup_group(hyper, tensors)
         coeffs = torch.empty(len(params), dtype=torch.float32, device=params[0].device)
         small, large = compiled.split_by_size(params)
         if small:
-            coeffs[small] = self._eager_warmup_group(group, compiled.pick(tensors, small))
+            small_coeffs = self._eager_warmup_group(hyper, compiled.pick(tensors, small))
+            assert small_coeffs is not None
+            coeffs[small] = small_coeffs
         if large:
+            corrections = dict(bias_correction1=1.0, bias_correction2_sqrt=1.0, grad_scale=1.0)
+            corrections.update({k: hyper[k] for k in corrections if k in hyper})
             scalars = F.lamb_kernel_scalars(
-                clamp_ratio=True, lr=hyper["lr"], eps=hyper["eps"], weight_decay=hyper["weight_decay"],
-                bias_correction1=1.0, bias_correction2_sqrt=1.0, grad_scale=1.0, beta1=hyper["beta1"],
-                beta2=hyper["beta2"], min_coeff=self.min_coeff, max_coeff=self.max_coeff,
-                device=params[0].device,
+                clamp_ratio=clamp_ratio, lr=hyper["lr"], eps=hyper["eps"],
+                weight_decay=hyper["weight_decay"], beta1=hyper["beta1"], beta2=hyper["beta2"],
+                min_coeff=self.min_coeff, max_coeff=self.max_coeff, device=params[0].device, **corrections,
             )  # fmt: skip
             params, grads, exp_avgs, exp_avg_sqs = compiled.pick(tensors, large)
-            coeffs[large] = self._compiled_warmup(params, grads, exp_avgs, exp_avg_sqs, scalars=scalars)
+            coeffs[large] = self._compiled_warmup(
+                params, grads, exp_avgs, exp_avg_sqs, scalars=scalars, clamp_ratio=clamp_ratio
+            )
         return coeffs
 
     def _freeze(self) -> None:
-        """v_f ← v; κ is recomputed at the next (first compression) step; the factor rule restarts at 1."""
+        """v_f ← v; κ is recomputed at the next (first compression) step; the factor rule restarts at 1.
+        nvlamb: m, v ← their bias-corrected values first, and the gradient pre-normalization is frozen."""
+        if self.warmup is Warmup.nvlamb:
+            self._correct_moments()
         super()._freeze()
         for p in self._segment_groups()[0]:
             state = self.state[p]
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
             state.pop("scaling_coeff", None)
             state["last_factor"].fill_(1.0)
+
+    def _correct_moments(self) -> None:
+        for group in self.param_groups:
+            step = group["step"]
+            if step == 0:
+                continue
+            beta1, beta2 = group["betas"]
+            params = group["params"]
+            torch._foreach_div_(self._states(params, "exp_avg"), 1.0 - beta1**step)
+            torch._foreach_div_(self._states(params, "exp_avg_sq"), 1.0 - beta2**step)
+            group["frozen_grad_scale"] = group.get("grad_scale_ema", 0.0) / (1.0 - beta2**step)
+            if self.max_grad_norm <= 0:
+                group["frozen_grad_scale"] = 1.0
+
+    def _compression_grad_scale(self) -> float:
+        """nvlamb: the frozen average pre-normalization factor the local gradients are multiplied by."""
+        if self.warmup is not Warmup.nvlamb:
+            return 1.0
+        return float(self.param_groups[0].get("frozen_grad_scale", 1.0))
+
+    def _scale_gradients(self, segment: Any, grads: list[Tensor]) -> None:
+        scale = self._compression_grad_scale()
+        if scale == 1.0:
+            return
+        if segment.local is not None:  # virtual workers: their own gradients, one row each
+            segment.local.mul_(scale)
+        else:
+            torch._foreach_mul_(grads, scale)
+
+    def _live_variance_positions(self, segment: Any) -> list[int]:
+        if not (self.live_vector_variance and self.exchange.exact_vectors):
+            return []
+        return [i for i, p in enumerate(segment.params) if p.dim() <= 1]
+
+    def _update_live_variance(self, segment: Any, positions: list[int], previous: list[Tensor]) -> None:
+        """v ← β2·v + (1−β2)·ĝ², ĝ = (m̂ₜ − β1·m̂ₜ₋₁)/(1−β1), for the exactly averaged tensors; their
+        exchange divisor √v+ε follows (the same on every rank)."""
+        if not positions:
+            return
+        betas = {id(p): group["betas"] for group in self.param_groups for p in group["params"]}
+        eps = {id(p): group["eps"] for group in self.param_groups for p in group["params"]}
+        divisors = segment.divisors
+        for i, before in zip(positions, previous):
+            param = segment.params[i]
+            beta1, beta2 = betas[id(param)]
+            gradient = before.mul_(-beta1).add_(segment.views[i]).div_(1.0 - beta1)
+            exp_avg_sq = self.state[param]["exp_avg_sq"]
+            exp_avg_sq.mul_(beta2).addcmul_(gradient, gradient, value=1.0 - beta2)
+            if divisors is not None:
+                torch.sqrt(exp_avg_sq, out=divisors[i]).add_(eps[id(param)])
+
+    def _ratio_bounds(self, group: dict[str, Any]) -> tuple[float, float]:
+        """The compression stage's clamp of the live ratio: [1, 1] (no ratio) for an nvlamb group
+        without weight decay."""
+        if self.warmup is Warmup.nvlamb and group["weight_decay"] == 0.0:
+            return 1.0, 1.0
+        min_coeff = self.min_coeff if self.trust_ratio is TrustRatio.live_clamped else 0.0
+        return min_coeff, self.max_coeff
 
     def _coeff_update_counts(self, params: list[Tensor]) -> list[Tensor]:
         for p in params:  # state saved before the count existed: the EMA is taken as fully warmed up
@@ -232,6 +368,13 @@ class OnebitLamb(OnebitOptimizer):
 
     def _compression_step(self, grads: list[Tensor]) -> None:
         (segment,) = self._segments or []
+        self._scale_gradients(segment, grads)
+        live = self._live_variance_positions(segment)
+        previous = [segment.views[i].clone() for i in live]  # m̂ₜ₋₁ of the exactly averaged tensors
+        self._compression_update(segment, grads)
+        self._update_live_variance(segment, live, previous)
+
+    def _compression_update(self, segment: Any, grads: list[Tensor]) -> None:
         probing = self.probe is not None and self.probe.active
         if self._compiled_compression is not None and not probing:
             self._compiled_compression_step(segment, grads)
@@ -260,14 +403,14 @@ class OnebitLamb(OnebitOptimizer):
         exchanged = segment.compressor is not None
         exchange_views = segment.exchange_views(scratch) if exchanged else segment.views_of(scratch)
         transposed = (exchanged and segment.transposed) or [False] * len(segment.params)
-        min_coeff = self.min_coeff if self.trust_ratio is TrustRatio.live_clamped else 0.0
         steps = []
         for group, span in self._group_slices():
             hyper = self._hyper(group)
             params = group["params"]
+            min_coeff, max_coeff = self._ratio_bounds(group)
             scalars = F.live_scalars(
                 beta1=hyper["beta1"], lr=hyper["lr"], weight_decay=hyper["weight_decay"],
-                min_coeff=min_coeff, max_coeff=self.max_coeff, device=segment.buffer.device,
+                min_coeff=min_coeff, max_coeff=max_coeff, device=segment.buffer.device,
             )  # fmt: skip
             steps.append(
                 compiled.GroupStep(
@@ -300,6 +443,7 @@ class OnebitLamb(OnebitOptimizer):
             tensors = [[self._fp32_param(p) for p in params], self._states(params, "exp_avg")]
             tensors.append(self._states(params, "exp_avg_sq"))
             hyper = self._hyper(group)
+            min_coeff, max_coeff = self._ratio_bounds(group)
             coeffs = self._chunked(
                 F.clamped_trust_ratio_step_,
                 tensors,
@@ -307,8 +451,8 @@ class OnebitLamb(OnebitOptimizer):
                 lr=hyper["lr"],
                 eps=hyper["eps"],
                 weight_decay=hyper["weight_decay"],
-                min_coeff=self.min_coeff if self.trust_ratio is TrustRatio.live_clamped else 0.0,
-                max_coeff=self.max_coeff,
+                min_coeff=min_coeff,
+                max_coeff=max_coeff,
             )
             self._last_live_coeffs[id(group)] = coeffs
             return

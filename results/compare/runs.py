@@ -156,7 +156,10 @@ _VARIANT_DEFAULTS = {
     "factor_max": 4.0,
     "block_size": 2048,
     "min_coeff": 0.01,
-    "eps": 1e-8,
+    "eps": 1e-8,  # the deepspeed warmup's; nvlamb's is 1e-6 (`_variant`)
+    "warmup": "deepspeed",
+    "max_grad_norm": 1.0,
+    "live_vector_variance": False,
 }
 
 
@@ -171,7 +174,10 @@ def _variant(optim: dict[str, Any]) -> str:
             parts.append("no_bias_correction")
         return "+".join(parts + averaged)
     parts = [] if optim["compression"] == "deepspeed" else [str(optim["compression"])]
-    for key, default in _VARIANT_DEFAULTS.items():
+    defaults = dict(_VARIANT_DEFAULTS)
+    if optim.get("warmup") == "nvlamb":
+        defaults["eps"] = 1e-6
+    for key, default in defaults.items():
         value = optim.get(key, default)
         if value != default:
             parts.append(key if value is True else f"{key}={value}")

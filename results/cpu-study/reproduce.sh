@@ -2,7 +2,9 @@
 # Reproduces results/cpu-study/: LAMB against 1-bit LAMB as DeepSpeed has it (`deepspeed`, parity) and with the
 # remedy (`remedy`: per-row scales, the least-squares sign scale, a live trust ratio; `remedy_pre`: the same
 # exchanging m/(sqrt(v)+eps); `remedy_col`: that with per-column scales; `remedy_col_ev16`: that with the 1-D
-# tensors exact and bfloat16 scales, the config default; results/cpu-study/README.md),
+# tensors exact and bfloat16 scales, the config default until the seq-32 study; `remedy_nv_lv`: that with
+# optim=lamb's LAMB as the warmup and the 1-D tensors' variance kept live, the config default since;
+# results/cpu-study/README.md),
 # on the shared sample with an 8K vocabulary cut from BERT's
 # (conf/data/sample_8k.yaml), phase 1 (seq 128), at 2 real processes and at 8 and 32 simulated workers
 # (`sim_world_size`, 2 processes x 4 or 16), plus ablations, a batch-32 arm, a 4-process arm and fine-tunes
@@ -28,11 +30,11 @@
 #   columns   seeds x remedy_col (remedy_pre with one scale per input column of every other matrix) at n2, sim32;
 #             seed 1 at n4, sim8, sim64, and with the 1-D tensors exact (remedy_col_exact) at n2
 #   local     seeds x remedy_local (remedy_pre with every worker keeping its own momentum) at n2, sim32
-#   long      seeds x {lamb, remedy_col_ev16 (the default)} at n2 with conf/batch/cpu_study_long.yaml (3,000
+#   long      seeds x {lamb, remedy_col_ev16 (the default then)} at n2 with conf/batch/cpu_study_long.yaml (3,000
 #             steps, 2,400 of them compressed); reported apart in results/cpu-study-long/ (LONG_ARMS="<arms>")
 #   long_finetune  the long runs' final checkpoints on SST-2 and MRPC (FT_TASKS="sst2" for a subset); the
 #             floor is the `finetune` stage's randomly initialised model
-#   s32       seeds x {lamb n2, remedy_col_ev16 (the default) n2 and sim32, deepspeed n2 and sim32} with
+#   s32       seeds x {lamb n2, remedy_nv_lv (the default) n2 and sim32, deepspeed n2 and sim32} with
 #             conf/batch/cpu_study_s32.yaml on the sample at seq 32 (data=sample_8k_s32): 3,200 steps, 2,560 of
 #             them compressed, where LAMB leaves the unigram stage (> 25% masked-LM accuracy); reported apart in
 #             results/cpu-study-s32/ (S32_ARMS="<arms>", WORKERS="<workers>" for subsets)
@@ -77,28 +79,34 @@ fi
 
 declare -A ARM=(
   [lamb]="optim=lamb"
-  [deepspeed]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_clamped]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [per_row]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [per_row_live]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [per_row_mean_abs]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [per_tensor_remedy]="optim=onebit_lamb optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [deepspeed_live]="optim=onebit_lamb optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [deepspeed]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_clamped]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [per_row]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [per_row_live]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [per_row_mean_abs]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [per_tensor_remedy]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [deepspeed_live]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
   [lamb_deepspeed]="optim=lamb optim.variant=deepspeed optim.bias_correction=false optim.max_coeff=10.0"
-  [remedy_bias]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true optim.precondition=false optim.scale_dtype=float32"
-  [remedy_pre]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_col]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_col_exact]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32"
-  [remedy_pre_exact]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32"
-  [remedy_col_vb16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.vector_block=16 optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_col_ev16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
-  [remedy_col_bf16]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.scale_dtype=bfloat16 optim.exact_vectors=false"
-  [remedy_col_eps6]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.eps=1e-6 optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_bias]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true optim.precondition=false optim.scale_dtype=float32"
+  [remedy_pre]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_col]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_col_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32"
+  [remedy_pre_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32"
+  [remedy_col_vb16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.vector_block=16 optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_col_ev16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  [remedy_col_bf16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.scale_dtype=bfloat16 optim.exact_vectors=false"
+  [remedy_col_eps6]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.eps=1e-6 optim.exact_vectors=false optim.scale_dtype=float32"
+  # the default with optim=lamb's LAMB in the warmup and its rules kept after the freeze (seq-32 study)
+  [remedy_nv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  # and the 1-D tensors' variance kept live after the freeze (from their exact average)
+  [remedy_nv_lv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  # that, with the variance frozen at step 1,280 instead of 640 (40% of the run)
+  [remedy_nv_lv_f1280]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1280"
   # the default with the variance frozen later (seq-32 study: after LAMB leaves the unigram stage)
-  [remedy_col_ev16_f1600]="optim=onebit_lamb optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1600"
-  [remedy_local]="optim=onebit_lamb optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_col_ev16_f1600]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1600"
+  [remedy_local]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true optim.exact_vectors=false optim.scale_dtype=float32"
 )
 
 # pretrain <arm> <workers: n1 | n2 | n4 | sim8 | sim32> <seed> <batch recipe>
@@ -210,7 +218,7 @@ if stage long_finetune; then  # the long arm's checkpoints on SST-2 and MRPC (FT
 fi
 if stage s32; then  # seq 32: LAMB past the unigram stage on 2 cores (conf/batch/cpu_study_s32.yaml)
   for seed in $SEEDS; do
-    for arm in ${S32_ARMS:-lamb remedy_col_ev16 deepspeed}; do
+    for arm in ${S32_ARMS:-lamb remedy_nv_lv deepspeed}; do
       for workers in ${WORKERS:-n2 sim32}; do
         [[ $arm == lamb && $workers == sim* ]] && continue  # LAMB averages the same gradient at any count
         pretrain "$arm" "$workers" "$seed" cpu_study_s32

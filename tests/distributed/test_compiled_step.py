@@ -1,7 +1,8 @@
 """1-bit LAMB's compiled steps (`compile=True`, pretrain/optim/compiled.py) on 2 and 3 gloo processes.
 
 - They follow the eager steps of the same configuration (the project's default: per-column scales, the
-  preconditioned exchange, a live trust ratio, exact 1-D tensors with bfloat16 scales) through the warmup
+  preconditioned exchange, a live trust ratio, exact 1-D tensors with bfloat16 scales; the warmup as
+  DeepSpeed's LAMB at 3 processes, as NVLAMB at 2 with the 1-D tensors' variance live) through the warmup
   and six compression steps, to float rounding: the kernels compute the same formulas, but a compiled
   loop may contract a multiply and an add into one FMA where ATen's does not, and a sign taken of a value
   within rounding of 0, or a scale's bfloat16 rounding, may then differ in one element (the error
@@ -37,7 +38,7 @@ def _model() -> torch.nn.Module:
     )  # fmt: skip
 
 
-def _optimizer(model: torch.nn.Module, compile: bool):
+def _optimizer(model: torch.nn.Module, compile: bool, warmup: str):
     from pretrain.optim import OnebitLamb, compiled
 
     # this process only: the warmup's matrices through the compiled kernels, its vectors through the
@@ -53,7 +54,7 @@ def _optimizer(model: torch.nn.Module, compile: bool):
     return OnebitLamb(
         groups, lr=0.02, freeze_step=FREEZE_STEP, coeff_beta=0.5, compression="per_column",
         sign_scale="mean_abs", precondition=True, trust_ratio="live", exact_vectors=True,
-        scale_dtype="bfloat16", compile=compile,
+        scale_dtype="bfloat16", compile=compile, warmup=warmup, live_vector_variance=warmup == "nvlamb",
     )  # fmt: skip
 
 
@@ -69,9 +70,9 @@ def _set_gradients(model: torch.nn.Module, rank: int, step: int, average: bool) 
             p.grad /= dist.get_world_size()
 
 
-def _train(rank: int, world_size: int, folder: str, compile: bool, resume: bool) -> dict:
+def _train(rank: int, world_size: int, folder: str, compile: bool, resume: bool, warmup: str) -> dict:
     model = _model()
-    optimizer = _optimizer(model, compile)
+    optimizer = _optimizer(model, compile, warmup)
     start = 0
     checkpoint = Path(folder) / f"rank{rank}.pt"
     if resume:
@@ -98,10 +99,10 @@ def _train(rank: int, world_size: int, folder: str, compile: bool, resume: bool)
     }
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_compiled_steps_follow_the_eager_steps(tmp_path, world_size):
-    eager = run_distributed(_train, world_size, (str(tmp_path), False, False))[0]
-    compiled = run_distributed(_train, world_size, (str(tmp_path), True, False))[0]
+@pytest.mark.parametrize(("world_size", "warmup"), [(2, "nvlamb"), (3, "deepspeed")])
+def test_compiled_steps_follow_the_eager_steps(tmp_path, world_size, warmup):
+    eager = run_distributed(_train, world_size, (str(tmp_path), False, False, warmup))[0]
+    compiled = run_distributed(_train, world_size, (str(tmp_path), True, False, warmup))[0]
     assert compiled["stage"] == "compression" and compiled["live_coeff_mean"] is not None
     for a, b, start in zip(eager["params"], compiled["params"], _model().parameters()):
         a, b = torch.from_numpy(a), torch.from_numpy(b)
@@ -113,6 +114,6 @@ def test_compiled_steps_follow_the_eager_steps(tmp_path, world_size):
     assert torch.count_nonzero(embedding_momentum[USED_TOKENS:]) == 0
     assert torch.count_nonzero(embedding_momentum[:USED_TOKENS]) > 0
     # the compiled path resumes bitwise from a compression-stage checkpoint
-    resumed = run_distributed(_train, world_size, (str(tmp_path), True, True))[0]
+    resumed = run_distributed(_train, world_size, (str(tmp_path), True, True, warmup))[0]
     for a, b in zip(compiled["params"] + compiled["momenta"], resumed["params"] + resumed["momenta"]):
         assert torch.equal(torch.from_numpy(a), torch.from_numpy(b))

@@ -55,6 +55,23 @@ CONFIGS = {
     "adam_per_column": ("onebit_adam", dict(compression="per_column", vector_block=3)),
     # exact vectors with their per-element scales sent in bfloat16 (the config default)
     "per_column_bfloat16": ("onebit_lamb", {**PER_COLUMN, "exact_vectors": True, "scale_dtype": "bfloat16"}),
+    # the warmup as NVLAMB: pre-normalized gradients, then the frozen factor on each worker's own gradient
+    "nvlamb": (
+        "onebit_lamb",
+        {**PER_COLUMN, "exact_vectors": True, "scale_dtype": "bfloat16", "warmup": "nvlamb", "eps": 1e-6},
+    ),
+    # and the 1-D tensors' variance kept live from their exact average (their exchange divisor follows it)
+    "nvlamb_live_vectors": (
+        "onebit_lamb",
+        {
+            **PER_COLUMN,
+            "exact_vectors": True,
+            "scale_dtype": "bfloat16",
+            "warmup": "nvlamb",
+            "eps": 1e-6,
+            "live_vector_variance": True,
+        },
+    ),
 }
 
 

@@ -122,7 +122,11 @@ def test_dry_run_bert_large_64k(tiny_data: Path, tmp_path: Path):
         (["optim.scale_dtype=float16"], "scale_dtype"),
         (["optim.grad_allreduce=int8"], "grad_allreduce"),
         (["sim_world_size=2", "optim.grad_allreduce=bfloat16"], "optim.grad_allreduce: simulated workers"),
-        (["optim.compile=true", "optim.trust_ratio=frozen"], "optim.compile true needs trust_ratio=live"),
+        (["optim.trust_ratio=frozen"], "optim.warmup nvlamb needs optim.trust_ratio=live"),
+        (
+            ["optim.compile=true", "optim.warmup=deepspeed", "optim.trust_ratio=frozen"],
+            "optim.compile true needs trust_ratio=live",
+        ),
         (["optim.compile=true", "optim.precondition=false"], "optim.compile true needs precondition=true"),
         (["sim_world_size=2", "optim.compile=true"], "the compiled 1-bit step needs one worker"),
     ],

@@ -480,6 +480,15 @@ def test_arms_group_by_exchange_variant_and_workers(tmp_path: Path):
     assert sim["final_mlm_loss_gap_pct"] == pytest.approx(100 * ((6.6 + 5.9) / 2 - 5.5) / 5.5)
 
 
+def test_the_nvlamb_warmup_names_its_arm_without_its_own_eps(tmp_path: Path):
+    nvlamb = {"compression": "per_row", "sign_scale": "mean_abs", "trust_ratio": "live", "warmup": "nvlamb"}
+    for name, eps in (("nv-s1", 1e-6), ("nv-eps-s1", 1e-8)):
+        write_run(tmp_path, name, "onebit_lamb", 1, ONEBIT_1, optim={**nvlamb, "eps": eps})
+    runs = {run.name: run for run in load_local_runs(["*"], root=tmp_path)}
+    assert runs["nv-s1"].arm == "onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live+warmup=nvlamb] n2"
+    assert "eps=1e-08" in runs["nv-eps-s1"].arm
+
+
 def test_a_diverged_run_is_named_and_left_out_of_the_means(tmp_path: Path):
     write_run(tmp_path, "lamb-s1", "lamb", 1, LAMB_1)
     write_run(tmp_path, "onebit-s1", "onebit_lamb", 1, ONEBIT_1)

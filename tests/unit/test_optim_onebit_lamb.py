@@ -451,3 +451,123 @@ def test_coefficient_bias_correction_divides_by_one_minus_beta_to_the_updates():
     assert runs[True][1] == [3.0, 3.0]  # three warmup steps with a usable ratio
     # the compression step's coefficient is c̄ / (1 − 0.9³): the corrected run moves further
     assert all(corrected > plain for corrected, plain in zip(runs[True][0], runs[False][0]))
+
+
+# -- warmup="nvlamb": the warmup is optim=lamb's LAMB, the compression stage keeps its rules ------
+def test_nvlamb_warmup_is_exactly_lamb():
+    onebit_model, lamb_model = _model(), _model()
+    onebit = OnebitLamb(
+        _groups(onebit_model), lr=0.01, freeze_step=6, eps=1e-6, warmup="nvlamb", trust_ratio="live"
+    )
+    lamb = Lamb(_groups(lamb_model), lr=0.01)  # nvlamb: bias correction, pre-normalization at 1.0
+    for step in range(6):
+        _run(onebit_model, onebit, [step])
+        _run(lamb_model, lamb, [step])
+        assert _same(_params(onebit_model), _params(lamb_model)), f"differs after warmup step {step + 1}"
+
+
+def _nvlamb_reference(params, grads_at, freeze_step: int, steps: int, lr: float = 0.01, live_vectors=False):
+    """The nvlamb warmup and compression stage at n = 1 written out: LAMB with pre-normalized gradients;
+    at the freeze m, v bias-corrected and the β2-EMA of the pre-normalization factor frozen; then
+    m ← β1·m + (1−β1)·s·g, v fixed, p ← p − η·c·(m/(√v+ε) + λp), c the live ratio on decayed tensors, 1
+    on the others."""
+    decays = [0.01, 0.0]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    scale_ema, frozen_scale = 0.0, None
+    for t in range(1, steps + 1):
+        grads = grads_at(t - 1)
+        if t <= freeze_step:
+            norm = torch.sqrt(sum((g * g).sum() for g in grads)).item()
+            s = 1.0 / max(1.0, norm)
+            scale_ema = 0.999 * scale_ema + 0.001 * s
+        else:
+            s = frozen_scale
+        for i, (p, g) in enumerate(zip(params, grads)):
+            m[i] = 0.9 * m[i] + 0.1 * s * g
+            if t <= freeze_step:
+                v[i] = 0.999 * v[i] + 0.001 * (s * g) ** 2
+                bc1, bc2 = 1 - 0.9**t, 1 - 0.999**t
+                u = (m[i] / bc1) / ((v[i] / bc2).sqrt() + 1e-6)
+            else:
+                u = m[i] / (v[i].sqrt() + 1e-6)
+            u = u + decays[i] * p
+            c = (p.norm() / u.norm()).item() if decays[i] else 1.0
+            p -= lr * c * u
+            if t > freeze_step and live_vectors and p.dim() == 1:  # after the step: used from the next
+                v[i] = 0.999 * v[i] + 0.001 * (s * g) ** 2
+        if t == freeze_step:
+            m = [x / (1 - 0.9**t) for x in m]
+            v = [x / (1 - 0.999**t) for x in v]
+            frozen_scale = scale_ema / (1 - 0.999**t)
+    return params
+
+
+def _big_grads(step: int) -> list[torch.Tensor]:
+    return [3.0 * g for g in _grads(step)]  # global norm > 1: the pre-normalization binds
+
+
+def test_nvlamb_compression_stage_keeps_lambs_rules_at_one_process():
+    params = [torch.nn.Parameter(t) for t in _two_tensors()]
+    start = [p.detach().clone() for p in params]
+    optimizer = OnebitLamb(
+        [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
+        lr=0.01, freeze_step=3, eps=1e-6, warmup="nvlamb", trust_ratio="live",
+    )  # fmt: skip
+    for step in range(7):
+        for p, g in zip(params, _big_grads(step)):
+            p.grad = g.clone()
+        optimizer.step()
+    expected = _nvlamb_reference([s.clone() for s in start], _big_grads, freeze_step=3, steps=7)
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+    scale = optimizer.param_groups[0]["frozen_grad_scale"]
+    assert 0.0 < scale < 1.0  # the gradients' norm is above max_grad_norm: the frozen factor is used
+    assert optimizer.statistics()["live_coeff_mean"] > 0
+
+
+def test_live_vector_variance_follows_the_vectors_gradients_after_the_freeze():
+    params = [torch.nn.Parameter(t) for t in _two_tensors()]
+    start = [p.detach().clone() for p in params]
+    optimizer = OnebitLamb(
+        [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
+        lr=0.01, freeze_step=3, eps=1e-6, warmup="nvlamb", trust_ratio="live", exact_vectors=True,
+        precondition=True, live_vector_variance=True,
+    )  # fmt: skip
+    frozen = None
+    for step in range(7):
+        for p, g in zip(params, _big_grads(step)):
+            p.grad = g.clone()
+        optimizer.step()
+        if step == 2:
+            frozen = [optimizer.state[p]["exp_avg_sq"].clone() for p in params]
+    expected = _nvlamb_reference([s.clone() for s in start], _big_grads, 3, 7, live_vectors=True)
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(optimizer.state[params[0]]["exp_avg_sq"], frozen[0])  # the matrix's stays frozen
+    assert not torch.equal(optimizer.state[params[1]]["exp_avg_sq"], frozen[1])
+
+
+def test_nvlamb_warmup_moves_a_zero_bias_like_lamb_and_deepspeeds_does_not():
+    """A zero-initialised bias without weight decay: after its first step (ratio 1, ‖p‖ = 0), DeepSpeed's
+    clamped ratio on every tensor makes its steps η·max(min_coeff, ‖p‖/‖u‖)·u, NVLAMB's η·u (the
+    mechanism of results/cpu-study/README.md)."""
+    moved = {}
+    for warmup in ("deepspeed", "nvlamb"):
+        weight, bias = torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.zeros(4))
+        optimizer = OnebitLamb(
+            [{"params": [weight], "weight_decay": 0.01}, {"params": [bias], "weight_decay": 0.0}],
+            lr=0.01, freeze_step=20, warmup=warmup, trust_ratio="live",
+        )  # fmt: skip
+        for step in range(10):
+            weight.grad, bias.grad = torch.full((4, 4), 0.1), torch.full((4,), 0.1)
+            optimizer.step()
+            if step == 0:
+                after_first = bias.detach().clone()
+        moved[warmup] = (bias.detach() - after_first).abs().max().item()
+    assert moved["nvlamb"] > 10 * moved["deepspeed"] > 0
+
+
+def test_nvlamb_warmup_needs_a_live_trust_ratio():
+    with pytest.raises(ValueError, match="nvlamb"):
+        OnebitLamb(_two_tensors(), freeze_step=2, warmup="nvlamb", trust_ratio="frozen")

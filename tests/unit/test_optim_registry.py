@@ -63,7 +63,11 @@ def test_misspelt_key_fails_at_composition():
         (lambda: LambConfig(lr=0.0), "optim.lr must be > 0"),
         (lambda: LambConfig(min_coeff=1.0, max_coeff=0.5), "optim.min_coeff"),
         (lambda: OnebitLambConfig(coeff_beta=1.0), "optim.coeff_beta"),
-        (lambda: OnebitLambConfig(local_momentum=True, trust_ratio="frozen"), "optim.local_momentum"),
+        (
+            lambda: OnebitLambConfig(local_momentum=True, trust_ratio="frozen", warmup="deepspeed"),
+            "optim.local_momentum",
+        ),
+        (lambda: OnebitLambConfig(trust_ratio="frozen"), "optim.warmup nvlamb needs"),
         (lambda: OnebitAdamConfig(beta2=1.0), "optim.beta2"),
         (lambda: OnebitAdamConfig(name="onebit_lamb"), "optim.name"),
     ],
