@@ -286,8 +286,10 @@ if stage report; then
   for run_dir in results/runs/cpu-study-*; do
     [[ -f $run_dir/summary.json || -d $run_dir/finetune ]] || continue  # unfinished: not reported
     keep=results/cpu-study/runs/$(basename "$run_dir")
-    rm -rf "$keep"
+    # copied over what is there, never removed first: a committed run's fine-tune results (e.g. the floor's,
+    # fine-tuned on an earlier machine) stay when this machine holds only part of them
     mkdir -p "$keep"
+    rm -f "$keep/metrics.jsonl" "$keep/metrics.jsonl.gz"
     for file in metrics.jsonl summary.json config.yaml; do
       [[ -f $run_dir/$file ]] && cp "$run_dir/$file" "$keep/"
     done
