@@ -30,7 +30,7 @@ bias-corrected; frozen like v, since the global norm of the averaged gradient is
 exchange), and the tensors without weight decay step η·m/(√v+ε) (ratio 1) while the others take the
 live trust ratio. Needs a live trust ratio. DeepSpeed's warmup applies the clamped ratio to every
 tensor: zero-initialised biases (the MLM decoder bias, the output prior, among them) then step
-η·max(min_coeff, ‖p‖/‖u‖)·u, 10-25x below LAMB's in the seq-32 study (results/cpu-study/README.md).
+η·max(min_coeff, ‖p‖/‖u‖)·u, 8-30x below LAMB's in the seq-32 study (results/cpu-study/README.md).
 
 `live_vector_variance` keeps the variance of the 1-D tensors (biases, LayerNorm) live through the
 compression stage: `exact_vectors` averages them exactly, so each step's average gradient is their
