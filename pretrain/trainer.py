@@ -439,6 +439,7 @@ class Trainer:
             "dataloader": self.data.state_dict() if self.data else None,
             "grad_scaler": self.scaler.state_dict(),
             "world_size": self.env.world_size,
+            "optim_options": self.cfg.optim.options(),  # a resume names what changed (`_load`)
         }
         replicated, own = split_replicated(self.optimizer.state_dict())  # m, v: written once, by rank 0
         rank_state = {"optimizer": own, "rng": ckpt.rng_state()}
@@ -484,6 +485,12 @@ class Trainer:
                 f"{path}: optimizer state does not fit optim={self.cfg.optim.name} ({error})"
             ) from None
         self.state = TrainState(**shared["train_state"])
+        changed = self.cfg.optim.changed_options(shared.get("optim_options"))
+        if changed:  # e.g. a 1-bit LAMB checkpoint of an older default: its rules switch mid-run
+            log.warning(
+                "resume: optim options differ from the checkpoint's (%s); the run goes on with the new ones",
+                ", ".join(changed),
+            )
         if int(shared.get("world_size", self.env.world_size)) == self.env.world_size:
             ckpt.set_rng_state(rank_state["rng"])
             restored = self.simulated is None or self.simulated.load_state_dict(
@@ -632,9 +639,9 @@ def _started_as_pretrain() -> bool:
 
 
 def _onebit_bytes(optimizer: Any) -> float:
-    """Cumulative compressed-allreduce bytes of a 1-bit optimizer (0 for the others)."""
+    """Cumulative bytes a 1-bit optimizer sent itself (compressed calls, exact exchanges; 0 for others)."""
     traffic = getattr(optimizer, "traffic", None)
-    return float(traffic.compressed_bytes) if traffic is not None else 0.0
+    return float(traffic.bytes_sent) if traffic is not None else 0.0
 
 
 def _resolve_precision(precision: Precision, device: torch.device) -> Precision:

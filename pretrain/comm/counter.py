@@ -116,7 +116,18 @@ class TrafficCounter:
         self.compressed_bytes = 0.0
         self.fp16_ring_bytes = 0.0
         self.fp32_ring_bytes = 0.0
+        self.exact_bytes = 0.0  # full-precision exchanges besides the compressed calls (`record_exact`)
         self.last_call: CallTraffic | None = None
+
+    def record_exact(self, numel: int, bytes_per_element: int, world_size: int) -> None:
+        """An exact allreduce of `numel` elements (ring cost) that a 1-bit optimizer sends on top of its
+        compressed calls (1-bit LAMB's variance refresh); counted in `bytes_sent`, not in the ratios."""
+        self.exact_bytes += ring_allreduce_bytes(numel, bytes_per_element, world_size)
+
+    @property
+    def bytes_sent(self) -> float:
+        """Everything this rank sent: the compressed calls and the exact exchanges."""
+        return self.compressed_bytes + self.exact_bytes
 
     def record(self, call: CallTraffic) -> None:
         self.num_calls += 1

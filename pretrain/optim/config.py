@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.optim import compiled
 from pretrain.optim.lamb import LambVariant
 from pretrain.optim.onebit import Compression
-from pretrain.optim.onebit_lamb import TrustRatio, Warmup
+from pretrain.optim.onebit_lamb import RefreshFrom, TrustRatio, Warmup
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,17 @@ class OptimizerConfig:
     def optimizer_kwargs(self) -> dict[str, Any]:
         """Constructor keyword arguments (besides params and the process group)."""
         return {"lr": self.lr, "betas": (self.beta1, self.beta2), "weight_decay": self.weight_decay}
+
+    def options(self) -> dict[str, str]:
+        """Every key as text (enums by value): what a checkpoint records of the optimizer's options."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: str(v.value if isinstance(v, enum.Enum) else v) for k, v in values.items()}
+
+    def changed_options(self, saved: dict[str, str] | None) -> list[str]:
+        """'key saved -> now' for every option that differs from a checkpoint's `options()` (none saved:
+        nothing to compare)."""
+        now = self.options()
+        return [f"{k} {saved[k]} -> {now[k]}" for k in now if saved and k in saved and saved[k] != now[k]]
 
 
 @dataclass
@@ -207,6 +218,13 @@ class OnebitLambConfig(_OnebitConfig):
     # the 1-D tensors' variance stays live after the freeze, from their exactly averaged momentum (no bytes;
     # with exact_vectors only, else it does nothing): pretrain/optim/onebit_lamb.py
     live_vector_variance: bool = True
+    # K >= 2: every K-th compression step averages gradients exactly and refreshes the variance of the other
+    # tensors (one full-precision allreduce per K steps); 0: v stays frozen. pretrain/optim/onebit_lamb.py
+    variance_refresh: int = 0
+    # what a refresh folds into v: exact (the K-th step's averaged gradient), local (every worker's own
+    # squared gradients over the K steps, averaged over workers by one exact allreduce; decayed tensors only)
+    # or factored (those squares' row and column sums per decayed matrix, rescaling the frozen v)
+    refresh_from: RefreshFrom = RefreshFrom.exact
     eps: float | None = None  # None: the warmup's default (nvlamb 1e-6 as optim=lamb, deepspeed 1e-8)
     # The remedy is the default (results/cpu-study/: measured against LAMB and DeepSpeed's algorithm);
     # DeepSpeed's exactly: warmup=deepspeed live_vector_variance=false compression=deepspeed sign_scale=rms
@@ -231,6 +249,22 @@ class OnebitLambConfig(_OnebitConfig):
             "nvlamb needs optim.trust_ratio=live or live_clamped (DeepSpeed's: optim.warmup=deepspeed)",
         )
         _require(self.max_grad_norm >= 0, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}")
+        _require(
+            self.variance_refresh == 0 or self.variance_refresh >= 2,
+            "variance_refresh",
+            f"must be 0 (off) or >= 2, got {self.variance_refresh}",
+        )
+        _require(
+            not self.variance_refresh
+            or (TrustRatio(self.trust_ratio) is not TrustRatio.frozen and not self.local_momentum),
+            "variance_refresh",
+            "needs optim.trust_ratio=live or live_clamped and optim.local_momentum=false",
+        )
+        _require(
+            RefreshFrom(self.refresh_from) is RefreshFrom.exact or self.variance_refresh >= 2,
+            "refresh_from",
+            f"{RefreshFrom(self.refresh_from).value} needs optim.variance_refresh >= 2",
+        )
         _require(
             not (self.local_momentum and TrustRatio(self.trust_ratio) is TrustRatio.frozen),
             "local_momentum",
@@ -273,6 +307,8 @@ class OnebitLambConfig(_OnebitConfig):
             "warmup": Warmup(self.warmup),
             "max_grad_norm": self.max_grad_norm,
             "live_vector_variance": self.live_vector_variance,
+            "variance_refresh": self.variance_refresh,
+            "refresh_from": RefreshFrom(self.refresh_from),
             "compile": self.compile,
         }
 

@@ -338,6 +338,7 @@ class OnebitOptimizer(OptimizerBase):
         self.traffic = TrafficCounter()  # bytes of the compressed exchanges (zero with one rank)
         self.frozen_at: int | None = None  # step count at the last switch to compression
         self._segments: list[MomentumSegment] | None = None
+        self._grad_norm: Tensor | None = None  # this step's norm of `.grad` (None: worker gradients)
 
     # -- stage -----------------------------------------------------------------------------------------
     @property
@@ -352,8 +353,14 @@ class OnebitOptimizer(OptimizerBase):
 
     @property
     def needs_gradient_allreduce(self) -> bool:
-        """True in warmup: mean-allreduce gradients before the next step. False in compression: do NOT."""
-        return self.stage is Stage.warmup
+        """True in warmup (and on a compression-stage step the subclass takes exactly: `_exact_step_next`):
+        mean-allreduce gradients before the next step. False in compression: do NOT."""
+        return self.stage is Stage.warmup or self._exact_step_next()
+
+    def _exact_step_next(self) -> bool:
+        """Whether the next compression-stage step averages gradients exactly instead of exchanging
+        compressed momenta (1-bit LAMB's `variance_refresh`); never here."""
+        return False
 
     # -- step ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -366,7 +373,10 @@ class OnebitOptimizer(OptimizerBase):
         checked = grads
         if self.uses_worker_gradients:
             checked = [segment.local for segment in segments if segment.local is not None]
-        if self._record_skip(self._any_rank_nonfinite(checked)):
+        norm = global_grad_norm(checked)
+        # the norm of `grads` (averaged in warmup), for a subclass that needs it (nvlamb's pre-normalization)
+        self._grad_norm = norm if checked is grads else None
+        if self._record_skip(self._any_rank_nonfinite(norm)):
             return loss
         if self.stage is Stage.warmup:
             self._warmup_step(grads)
@@ -383,7 +393,7 @@ class OnebitOptimizer(OptimizerBase):
     def uses_worker_gradients(self) -> bool:
         """True when the next `step()` reads the virtual workers' own gradients from
         `worker_gradients()` rather than `.grad` (virtual workers, compression stage)."""
-        return self.virtual_workers > 1 and self.stage is Stage.compression
+        return self.virtual_workers > 1 and self.stage is Stage.compression and not self._exact_step_next()
 
     def worker_gradients(self) -> list[Tensor]:
         """Per segment, the [k, len] buffer whose row w takes virtual worker w's own gradient."""
@@ -395,8 +405,9 @@ class OnebitOptimizer(OptimizerBase):
         """Views of row `worker` of `worker_gradients()` shaped like the parameters, in parameter order."""
         return [view for segment in self._ensure_state() for view in segment.views_of(segment.local[worker])]  # type: ignore[index]
 
-    def _any_rank_nonfinite(self, grads: list[Tensor]) -> bool:
-        flag = (~torch.isfinite(global_grad_norm(grads))).float().reshape(1)
+    def _any_rank_nonfinite(self, norm: Tensor) -> bool:
+        """Whether this rank's gradient norm `norm`, or any other rank's, is not finite."""
+        flag = (~torch.isfinite(norm)).float().reshape(1)
         if self.num_processes > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())

@@ -39,6 +39,35 @@ momentum's own increment, ĝ = (m̂ₜ − β1·m̂ₜ₋₁)/(1 − β1), and v
 v frozen, the tensors without a trust ratio step η·m/√v_frozen, ~2x LAMB's in the seq-32 study once
 their gradients outgrow the variance frozen before attention learned.
 
+`variance_refresh=K` (K ≥ 2; 0: off) keeps the other tensors' variance learning too: every K-th
+compression step (steps F+K, F+2K, … after the freeze at F) averages the gradients exactly, as a warmup
+step does (`needs_gradient_allreduce` is True for it, so the trainer allreduces them), and
+- the momentum takes the exact average, m ← β1·m + (1−β1)·ḡ (ḡ the average of the pre-normalized local
+  gradients, the compression stage's units); the error-feedback buffers are kept for the next exchange;
+- v ← β2^K·v + (1−β2^K)·ḡ² for every tensor whose variance is not live already: one sample stands for
+  the K steps between refreshes, so v keeps the EMA's time scale (1/(1−β2) steps) with ~(2−w)/w samples
+  in it (w = 1−β2^K: 31 at K = 64 against ~2,000 for the dense EMA); the exchange divisors follow;
+- the step is the compression stage's own (live trust ratio) on that momentum.
+It costs one full-precision gradient allreduce per K steps (the trainer counts its bytes as a warmup
+step's). `refresh_from="local"` takes the K steps' gradients instead of one: every worker adds its own
+(pre-normalized) g_w² into a local buffer at every compression step (no bytes), and every K-th step the
+buffers' mean over workers (one exact fp32 allreduce, `pretrain.comm.exact`, summed in worker order)
+divided by K replaces the one-step sample, on the tensors with weight decay only. That estimate has K
+times the samples, but a worker's gradient carries n times the averaged gradient's noise (E[g_w²] =
+μ² + n·σ²/B against μ² + σ²/B): a uniform factor is cancelled by the trust ratio, which the tensors
+without weight decay do not have (they keep the frozen or live variance), and what remains is the shift
+between elements whose gradients are signal and those that are noise.
+
+`refresh_from="factored"` reduces those squares to each decayed matrix's row and column sums (~0.1% of the
+elements on the wire) and sets v to the frozen v times (row sum / its value at the first refresh) × (column
+sum / its value at the first refresh), normalised by the total (a rank-1 model of how v moved). Measured
+(seq-32 study, 2 ranks; results/cpu-study/README.md): with v frozen at the freeze the run ends 1.024× LAMB's
+final MLM loss (3 seeds); `local` at K = 64 1.003× (3 seeds) for one fp32 allreduce per 64 steps (BERT-
+Large's compression stage then 10.5× below fp16 instead of 15.55×: over the byte budget, so off by default);
+`exact` at K = 64 1.033× (seed 1: its one-step samples are too few), at K = 16 1.013×; `factored` at K = 64
+1.029× (seed 1: the product of row and column ratios over-amplifies elements whose row and column both
+grew).
+
 Defaults: this class's arguments are DeepSpeed's algorithm (spec §3: one scale per buffer, RMS sign scale,
 frozen c̄·f, DeepSpeed's warmup), the parity mode. The project's config (`conf/optim/onebit_lamb.yaml`,
 `OnebitLambConfig`) defaults to the remedy instead — `compression=per_column`, `precondition=True`,
@@ -50,9 +79,10 @@ the mechanism); at seq 32, where LAMB learns context, the remedy ends 2.4% above
 
 Per-parameter state: step count lives in the param groups; `exp_avg` (view into the flat buffer),
 `exp_avg_sq`, `lamb_coeff_freeze` (c̄), `lamb_coeff_updates` (k), `last_factor`, from step freeze_step
-`exp_avg_sq_fresh` (v_f), from the first compression step `scaling_coeff` (κ); `master_param` for
-bf16/fp16 parameters. Scalars are
-0-dim fp32 tensors on the parameter's device.
+`exp_avg_sq_fresh` (v_f), from the first compression step `scaling_coeff` (κ); with
+`refresh_from="factored"`, from the first refresh, `exp_avg_sq_base`, `refresh_rows`, `refresh_cols` and
+their `_ref` values; `master_param` for bf16/fp16 parameters. Scalars are 0-dim fp32 tensors on the
+parameter's device. Rank-local (checkpointed per rank): the `local`/`factored` refresh sums.
 """
 
 from __future__ import annotations
@@ -66,6 +96,7 @@ import torch
 from torch import Tensor
 
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
+from pretrain.comm.exact import worker_order_mean
 from pretrain.optim import compiled
 from pretrain.optim import functional as F
 from pretrain.optim.base import global_grad_norm
@@ -79,6 +110,14 @@ class Warmup(str, enum.Enum):
 
     deepspeed = "deepspeed"  # DeepSpeed's LAMB: no bias correction, clamped trust ratio on every tensor
     nvlamb = "nvlamb"  # `Lamb(variant="nvlamb")`: pre-normalized gradients, bias correction, ratio on decayed
+
+
+class RefreshFrom(str, enum.Enum):
+    """What a variance refresh folds into v (module docstring)."""
+
+    exact = "exact"  # the K-th step's exactly averaged gradient (the trainer allreduces it), one sample
+    local = "local"  # every worker's own squared gradients summed over the K steps, averaged over workers
+    factored = "factored"  # the same reduced to each matrix's row and column sums: v_frozen rescaled by them
 
 
 class TrustRatio(str, enum.Enum):
@@ -111,6 +150,10 @@ class OnebitLamb(OnebitOptimizer):
         max_grad_norm: `warmup="nvlamb"`: the global gradient pre-normalization threshold (0 disables).
         live_vector_variance: keep the 1-D tensors' variance live (module docstring); with
             `exact_vectors` only (without it they are not averaged exactly and this does nothing).
+        variance_refresh: K ≥ 2: every K-th compression step averages gradients exactly and refreshes
+            the variance (module docstring); 0: off. Needs a live trust ratio and no `local_momentum`.
+        refresh_from: `exact` (the K-th step's averaged gradient) or `local` (the workers' own squared
+            gradients over the K steps; module docstring).
         trust_ratio: `frozen` (DeepSpeed: c̄·f), `live` or `live_clamped` (module docstring).
         compile: run the warmup and compression steps as `torch.compile`d passes
             (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs a live trust
@@ -148,6 +191,8 @@ class OnebitLamb(OnebitOptimizer):
         warmup: Warmup | str = Warmup.deepspeed,
         max_grad_norm: float = 1.0,
         live_vector_variance: bool = False,
+        variance_refresh: int = 0,
+        refresh_from: RefreshFrom | str = RefreshFrom.exact,
         compile: bool = False,
     ) -> None:
         if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
@@ -158,6 +203,12 @@ class OnebitLamb(OnebitOptimizer):
             raise ValueError("OnebitLamb: warmup='nvlamb' needs trust_ratio='live' or 'live_clamped'")
         if max_grad_norm < 0:
             raise ValueError(f"OnebitLamb: max_grad_norm must be >= 0, got {max_grad_norm}")
+        if variance_refresh < 0 or variance_refresh == 1:
+            raise ValueError(f"OnebitLamb: variance_refresh must be 0 (off) or >= 2, got {variance_refresh}")
+        if variance_refresh and (TrustRatio(trust_ratio) is TrustRatio.frozen or local_momentum):
+            raise ValueError("OnebitLamb: variance_refresh needs a live trust_ratio and no local_momentum")
+        if RefreshFrom(refresh_from) is not RefreshFrom.exact and not variance_refresh:
+            raise ValueError(f"OnebitLamb: refresh_from='{refresh_from}' needs variance_refresh >= 2")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -190,6 +241,10 @@ class OnebitLamb(OnebitOptimizer):
         self.trust_ratio = TrustRatio(trust_ratio)
         self.warmup, self.max_grad_norm = Warmup(warmup), max_grad_norm
         self.live_vector_variance = live_vector_variance
+        self.variance_refresh = variance_refresh
+        self.refresh_from = RefreshFrom(refresh_from)
+        # refresh_from local / factored: Σ g_w² (or row and column sums) per worker since the last refresh
+        self._square_sums: Tensor | None = None
         self._last_live_coeffs: dict[int, Any] = {}  # `live`: the last step's coefficients, per group
         self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
 
@@ -238,7 +293,8 @@ class OnebitLamb(OnebitOptimizer):
         host sync, as `Lamb`), folded into every group's β2-EMA of it (`grad_scale_ema`); else 1."""
         if self.warmup is not Warmup.nvlamb or self.max_grad_norm <= 0:
             return 1.0
-        scale = 1.0 / max(1.0, float(global_grad_norm(grads)) / self.max_grad_norm)
+        norm = self._grad_norm if self._grad_norm is not None else global_grad_norm(grads)
+        scale = 1.0 / max(1.0, float(norm) / self.max_grad_norm)
         for group in self.param_groups:
             beta2 = group["betas"][1]
             group["grad_scale_ema"] = beta2 * group.get("grad_scale_ema", 0.0) + (1.0 - beta2) * scale
@@ -299,6 +355,8 @@ class OnebitLamb(OnebitOptimizer):
         if self.warmup is Warmup.nvlamb:
             self._correct_moments()
         super()._freeze()
+        self._square_sums = None
+        self._drop_factored_state()
         for p in self._segment_groups()[0]:
             state = self.state[p]
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
@@ -324,12 +382,14 @@ class OnebitLamb(OnebitOptimizer):
             return 1.0
         return float(self.param_groups[0].get("frozen_grad_scale", 1.0))
 
-    def _scale_gradients(self, segment: Any, grads: list[Tensor]) -> None:
+    def _scale_gradients(self, worker_rows: Tensor | None, grads: list[Tensor]) -> None:
+        """Multiply the step's gradients (the virtual workers' own rows when given) by the frozen
+        pre-normalization factor."""
         scale = self._compression_grad_scale()
         if scale == 1.0:
             return
-        if segment.local is not None:  # virtual workers: their own gradients, one row each
-            segment.local.mul_(scale)
+        if worker_rows is not None:  # virtual workers: their own gradients, one row each
+            worker_rows.mul_(scale)
         else:
             torch._foreach_mul_(grads, scale)
 
@@ -368,13 +428,151 @@ class OnebitLamb(OnebitOptimizer):
             self.state[p].setdefault("lamb_coeff_updates", torch.full((), 1e9, device=p.device))
         return self._states(params, "lamb_coeff_updates")
 
+    def _refresh_next(self) -> bool:
+        """`variance_refresh`: the next step is the K-th compression step since the freeze."""
+        refresh, frozen_at = self.variance_refresh, self.frozen_at
+        if not refresh or frozen_at is None or self.stage is not Stage.compression:
+            return False
+        return (self.step_count + 1 - frozen_at) % refresh == 0
+
+    def _exact_step_next(self) -> bool:
+        return self.refresh_from is RefreshFrom.exact and self._refresh_next()
+
     def _compression_step(self, grads: list[Tensor]) -> None:
         (segment,) = self._segments or []
-        self._scale_gradients(segment, grads)
+        refresh = self._exact_step_next()  # read before the step, as the trainer did
+        self._scale_gradients(None if refresh else segment.local, grads)
         live = self._live_variance_positions(segment)
+        if self.variance_refresh and self.refresh_from is RefreshFrom.local:
+            self._accumulate_squares(segment, grads)
+            if self._refresh_next():
+                self._refresh_from_squares(segment, live)
+        elif self.variance_refresh and self.refresh_from is RefreshFrom.factored:
+            self._accumulate_marginals(segment, grads)
+            if self._refresh_next():
+                self._refresh_factored(segment)
         previous = [segment.views[i].clone() for i in live]  # m̂ₜ₋₁ of the exactly averaged tensors
-        self._compression_update(segment, grads)
+        if refresh:
+            self._refresh_update(segment, grads, live)
+        else:
+            self._compression_update(segment, grads)
         self._update_live_variance(segment, live, previous)
+
+    def _accumulate_squares(self, segment: Any, grads: list[Tensor]) -> None:
+        """refresh_from=local: Σ g_w² += g_w² for each of this process's workers (its own gradients)."""
+        if self._square_sums is None:
+            shape = segment.local.shape if segment.local is not None else segment.buffer.shape
+            self._square_sums = torch.zeros(shape, dtype=torch.float32, device=segment.buffer.device)
+        if segment.local is not None:  # the rows' tail is the momentum pad after an exchange: not a gradient
+            numel = segment.buffer.numel() - segment.pad.numel()
+            own = segment.local[:, :numel]
+            self._square_sums[:, :numel].addcmul_(own, own)
+        else:
+            torch._foreach_addcmul_(segment.views_of(self._square_sums), grads, grads)
+
+    def _refresh_from_squares(self, segment: Any, live: list[int]) -> None:
+        """refresh_from=local: v ← β2^K·v + (1−β2^K)·mean_w(Σ g_w²)/K on the tensors with weight decay
+        (not live already); the divisors follow and the sums restart."""
+        sums = self._square_sums
+        assert sums is not None
+        rows = sums if sums.dim() == 2 else sums.unsqueeze(0)
+        mean = worker_order_mean(rows, self.group, self.num_processes, self.traffic)
+        views = segment.views_of(mean.div_(self.variance_refresh))
+        skip, divisors = set(live), segment.divisors
+        for group, span in self._group_slices():
+            if group["weight_decay"] == 0.0:  # no trust ratio to cancel the workers' extra noise
+                continue
+            weight = 1.0 - group["betas"][1] ** self.variance_refresh
+            for i in range(span.start, span.stop):
+                if i in skip:
+                    continue
+                exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
+                exp_avg_sq.mul_(1.0 - weight).add_(views[i], alpha=weight)
+                if divisors is not None:
+                    torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
+        sums.zero_()
+
+    def _factored_positions(self, segment: Any) -> list[int]:
+        """refresh_from=factored: the matrices with weight decay, in segment order."""
+        decayed = {
+            id(p) for group in self.param_groups if group["weight_decay"] != 0.0 for p in group["params"]
+        }
+        return [i for i, p in enumerate(segment.params) if p.dim() == 2 and id(p) in decayed]
+
+    def _marginal_views(self, flat: Tensor, segment: Any) -> list[tuple[Tensor, Tensor]]:
+        """Per factored matrix [R, C]: views of its R row sums and C column sums in `flat`."""
+        views, start = [], 0
+        for i in self._factored_positions(segment):
+            rows, cols = segment.params[i].shape
+            views.append((flat[start : start + rows], flat[start + rows : start + rows + cols]))
+            start += rows + cols
+        return views
+
+    def _accumulate_marginals(self, segment: Any, grads: list[Tensor]) -> None:
+        """refresh_from=factored: each worker adds the row and column sums of its own g² (no bytes)."""
+        positions = self._factored_positions(segment)
+        if self._square_sums is None:
+            length = sum(sum(segment.params[i].shape) for i in positions)
+            length += -length % self.num_processes  # worker_order_mean splits it into one chunk per process
+            workers = segment.local.shape[0] if segment.local is not None else 1
+            self._square_sums = torch.zeros(workers, length, device=segment.buffer.device)
+        for worker, sums in enumerate(self._square_sums):
+            own = grads if segment.local is None else segment.views_of(segment.local[worker])
+            for i, (row_sums, col_sums) in zip(positions, self._marginal_views(sums, segment)):
+                square = own[i].square()
+                row_sums.add_(square.sum(1))
+                col_sums.add_(square.sum(0))
+
+    def _refresh_factored(self, segment: Any) -> None:
+        """refresh_from=factored: the row and column sums' mean over workers and the K steps enter β2^K-EMAs;
+        v ← v_base·(r/r₀)ᵢ·(c/c₀)ⱼ·(Σr₀/Σr), with v_base the variance frozen at the freeze and r₀, c₀ the
+        first refresh's sums (the same estimator, so the workers' extra noise cancels in the ratios)."""
+        assert self._square_sums is not None
+        mean = worker_order_mean(self._square_sums, self.group, self.num_processes, self.traffic)
+        mean.div_(self.variance_refresh)
+        betas = {id(p): group["betas"][1] for group in self.param_groups for p in group["params"]}
+        eps = {id(p): group["eps"] for group in self.param_groups for p in group["params"]}
+        divisors = segment.divisors
+        for i, (rows, cols) in zip(self._factored_positions(segment), self._marginal_views(mean, segment)):
+            param = segment.params[i]
+            state = self.state[param]
+            if "refresh_rows" not in state:  # the first refresh since the freeze: the reference
+                state["exp_avg_sq_base"] = state["exp_avg_sq"].clone()
+                state["refresh_rows_ref"], state["refresh_cols_ref"] = rows.clone(), cols.clone()
+                state["refresh_rows"], state["refresh_cols"] = rows.clone(), cols.clone()
+            else:
+                weight = 1.0 - betas[id(param)] ** self.variance_refresh
+                state["refresh_rows"].mul_(1.0 - weight).add_(rows, alpha=weight)
+                state["refresh_cols"].mul_(1.0 - weight).add_(cols, alpha=weight)
+            row_factor = _ratio(state["refresh_rows"], state["refresh_rows_ref"])
+            col_factor = _ratio(state["refresh_cols"], state["refresh_cols_ref"])
+            total = _ratio(state["refresh_rows_ref"].sum(), state["refresh_rows"].sum())
+            exp_avg_sq = state["exp_avg_sq"]
+            torch.mul(state["exp_avg_sq_base"], row_factor.mul_(total).unsqueeze(1), out=exp_avg_sq)
+            exp_avg_sq.mul_(col_factor.unsqueeze(0))
+            if divisors is not None:
+                torch.sqrt(exp_avg_sq, out=divisors[i]).add_(eps[id(param)])
+        self._square_sums.zero_()
+
+    def _refresh_update(self, segment: Any, grads: list[Tensor], live: list[int]) -> None:
+        """`variance_refresh` (module docstring): on exactly averaged gradients, m ← β1·m + (1−β1)·ḡ,
+        v ← β2^K·v + (1−β2^K)·ḡ² where v is not live already (divisors follow), then the live-ratio step."""
+        skip = set(live)
+        divisors = segment.divisors
+        for group, span in self._group_slices():
+            beta1, beta2 = group["betas"]
+            F.local_momentum_(segment.views[span], grads[span], beta1=beta1)
+            weight = 1.0 - beta2**self.variance_refresh
+            for i in range(span.start, span.stop):
+                if i in skip:
+                    continue
+                exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
+                exp_avg_sq.mul_(1.0 - weight).addcmul_(grads[i], grads[i], value=weight)
+                if divisors is not None:
+                    torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
+        self._apply_masks()
+        for group, span in self._group_slices():
+            self._compressed_update(group, segment.views[span])
 
     def _compression_update(self, segment: Any, grads: list[Tensor]) -> None:
         probing = self.probe is not None and self.probe.active
@@ -474,6 +672,32 @@ class OnebitLamb(OnebitOptimizer):
         )
         torch._foreach_copy_(last_factors, list(factors.unbind()))  # type: ignore[union-attr]
 
+    def _drop_factored_state(self) -> None:
+        """A new compression stage starts its factored refresh from its own frozen variance."""
+        for p in self._segment_groups()[0]:
+            for key in (
+                "exp_avg_sq_base",
+                "refresh_rows",
+                "refresh_cols",
+                "refresh_rows_ref",
+                "refresh_cols_ref",
+            ):
+                self.state[p].pop(key, None)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {**super()._extra_state(), "square_sums": self._square_sums}
+
+    def _load_extra_state(self, extra: dict[str, Any]) -> None:
+        super()._load_extra_state(extra)
+        sums = extra.get("square_sums")
+        self._square_sums = None  # restarts at zero in warmup and after a world-size change
+        if (
+            sums is not None
+            and self.stage is Stage.compression
+            and extra.get("world_size") == self.world_size
+        ):
+            self._square_sums = sums.to(self.param_groups[0]["params"][0].device).clone()
+
     def _on_load_warmup(self) -> None:
         # c̄ is kept (it is accumulated over the whole warmup; DeepSpeed resets it, which makes a resumed
         # warmup differ from an uninterrupted one); state that only the compression stage uses is dropped.
@@ -482,6 +706,7 @@ class OnebitLamb(OnebitOptimizer):
             state.pop("scaling_coeff", None)
             state.pop("exp_avg_sq_fresh", None)
             state["last_factor"].fill_(1.0)
+        self._drop_factored_state()
 
     def statistics(self) -> dict[str, float]:
         """Means of c̄ and of the last factors over tensors (host sync: log steps only)."""
@@ -499,3 +724,8 @@ class OnebitLamb(OnebitOptimizer):
         if live and self.stage is Stage.compression:
             statistics["live_coeff_mean"] = float(torch.cat(live).mean())
         return statistics
+
+
+def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """numerator / denominator, 1 where the denominator is 0 (a row or column that had no gradient)."""
+    return torch.where(denominator > 0, numerator / denominator.clamp(min=1e-30), torch.ones_like(numerator))

@@ -160,6 +160,8 @@ _VARIANT_DEFAULTS = {
     "warmup": "deepspeed",
     "max_grad_norm": 1.0,
     "live_vector_variance": False,
+    "variance_refresh": 0,
+    "refresh_from": "exact",
 }
 
 

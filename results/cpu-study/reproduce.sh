@@ -4,6 +4,8 @@
 # exchanging m/(sqrt(v)+eps); `remedy_col`: that with per-column scales; `remedy_col_ev16`: that with the 1-D
 # tensors exact and bfloat16 scales, the config default until the seq-32 study; `remedy_nv_lv`: that with
 # optim=lamb's LAMB as the warmup and the 1-D tensors' variance kept live, the config default since;
+# `remedy_nv_lv_r<K>` / `_l<K>` / `_fr<K>`: that with the variance refreshed every K compression steps
+# (optim.variance_refresh) from one exactly averaged step, the workers' own squares, or their row/column sums;
 # results/cpu-study/README.md),
 # on the shared sample with an 8K vocabulary cut from BERT's
 # (conf/data/sample_8k.yaml), phase 1 (seq 128), at 2 real processes and at 8 and 32 simulated workers
@@ -104,6 +106,16 @@ declare -A ARM=(
   [remedy_nv_lv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   # that, with the variance frozen at step 1,280 instead of 640 (40% of the run)
   [remedy_nv_lv_f1280]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1280"
+  # that, with every 64th (16th) compression step averaging gradients exactly and refreshing v (variance_refresh)
+  [remedy_nv_lv_r64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  [remedy_nv_lv_r16]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=16 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  # every 2nd step refreshing v (weight 1 - beta2^2: the dense EMA, nearly); on 1 process: v live, no exchange
+  [remedy_nv_lv_r2]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=2 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  # every 64th (16th) compression step refreshing v from every worker's own squared gradients over those steps
+  [remedy_nv_lv_l64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=local optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  [remedy_nv_lv_l16]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=16 optim.refresh_from=local optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  # every 64th compression step rescaling the frozen v by the row and column sums of the workers' squared gradients
+  [remedy_nv_lv_fr64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=factored optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   # the default with the variance frozen later (seq-32 study: after LAMB leaves the unigram stage)
   [remedy_col_ev16_f1600]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1600"
   [remedy_local]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true optim.exact_vectors=false optim.scale_dtype=float32"

@@ -51,10 +51,15 @@ def _optimizer(model: torch.nn.Module, compile: bool, warmup: str):
         {"params": [p for p in rest if p.dim() == 1], "weight_decay": 0.0},
         {"params": [embedding], "weight_decay": 0.01, "row_scales": True, "exp_avg_mask": mask},
     ]
+    # "nvlamb_refresh": nvlamb with the variance refreshed from local squares at steps 4, 6 and 8 (eager,
+    # before the compiled compression step; the resume at 5 carries step 5's squares)
+    refresh = dict(variance_refresh=2, refresh_from="local") if warmup == "nvlamb_refresh" else {}
+    warmup = warmup.removesuffix("_refresh")
     return OnebitLamb(
         groups, lr=0.02, freeze_step=FREEZE_STEP, coeff_beta=0.5, compression="per_column",
         sign_scale="mean_abs", precondition=True, trust_ratio="live", exact_vectors=True,
         scale_dtype="bfloat16", compile=compile, warmup=warmup, live_vector_variance=warmup == "nvlamb",
+        **refresh,
     )  # fmt: skip
 
 
@@ -99,7 +104,7 @@ def _train(rank: int, world_size: int, folder: str, compile: bool, resume: bool,
     }
 
 
-@pytest.mark.parametrize(("world_size", "warmup"), [(2, "nvlamb"), (3, "deepspeed")])
+@pytest.mark.parametrize(("world_size", "warmup"), [(2, "nvlamb"), (3, "deepspeed"), (2, "nvlamb_refresh")])
 def test_compiled_steps_follow_the_eager_steps(tmp_path, world_size, warmup):
     eager = run_distributed(_train, world_size, (str(tmp_path), False, False, warmup))[0]
     compiled = run_distributed(_train, world_size, (str(tmp_path), True, False, warmup))[0]

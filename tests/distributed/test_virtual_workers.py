@@ -8,8 +8,8 @@ real ranks keep their own and the simulated optimizer gets each worker's in `wor
 Parameters and replicated state must agree bitwise after every step, for 1-bit LAMB with DeepSpeed's
 exchange, with per-row scales (embedding rows, position mask, exact vectors) and with the preconditioned
 exchange (`precondition`), local momenta (`local_momentum`), per-column and vector-block scales, scales
-sent in bfloat16 (`scale_dtype`), and for
-1-bit Adam;
+sent in bfloat16 (`scale_dtype`), NVLAMB's warmup with live vector variance and variance refreshes
+(`variance_refresh`: exact steps inside the compression stage), and for 1-bit Adam;
 a checkpoint taken in the compression stage resumes bitwise in fresh processes.
 """
 
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.distributed
 FREEZE_STEP, NUM_STEPS, SAVE_AFTER = 3, 10, 6
 VOCAB, USED = 40, 30
 PER_COLUMN = dict(compression="per_column", sign_scale="mean_abs", trust_ratio="live", precondition=True)
+NVLAMB = {**PER_COLUMN, "exact_vectors": True, "warmup": "nvlamb", "eps": 1e-6}
 CONFIGS = {
     "deepspeed": ("onebit_lamb", dict(compression="deepspeed")),
     "per_row": ("onebit_lamb", dict(compression="per_row", exact_vectors=True, coeff_bias_correction=True)),
@@ -72,6 +73,16 @@ CONFIGS = {
             "live_vector_variance": True,
         },
     ),
+    # and every 2nd compression step exact, refreshing the variance (steps 5, 7, 9; the resume at 6 crosses)
+    "nvlamb_variance_refresh": (
+        "onebit_lamb",
+        {**NVLAMB, "scale_dtype": "bfloat16", "live_vector_variance": True, "variance_refresh": 2},
+    ),
+    # the refresh from every worker's own squared gradients (steps 4+5 -> 5, 6+7 -> 7; the resume at 6
+    # carries step 6's squares in the checkpoint)
+    "nvlamb_refresh_local": ("onebit_lamb", {**NVLAMB, "variance_refresh": 2, "refresh_from": "local"}),
+    # the same with each matrix's row and column sums only (v rescaled by them)
+    "nvlamb_refresh_factored": ("onebit_lamb", {**NVLAMB, "variance_refresh": 2, "refresh_from": "factored"}),
 }
 
 

@@ -202,13 +202,14 @@ def test_sigusr1_checkpoints_exits_75_and_resume_continues(tiny_data: Path, tmp_
     assert len(checkpoints) == 1 and (checkpoints[0] / "COMPLETE").is_file()
     stopped_at = int(checkpoints[0].name.removeprefix("step-"))
     assert 3 <= stopped_at < 50
-    resumed = subprocess.run(
-        [*command, "max_steps=" + str(stopped_at + 2)],
+    resumed = subprocess.run(  # with another weight decay: the resume names the change
+        [*command, "max_steps=" + str(stopped_at + 2), "optim.weight_decay=0.02"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr
+    assert "optim options differ from the checkpoint's (weight_decay 0.01 -> 0.02)" in resumed.stdout
     steps = [json.loads(line)["step"] for line in metrics_file.read_text().splitlines()]
     assert steps[-2:] == [stopped_at + 1, stopped_at + 2]

@@ -10,6 +10,7 @@ of 2 simulated workers each. A simulated run stopped in the compression stage re
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,45 @@ def test_two_simulated_workers_equal_two_processes(tiny_data: Path, tmp_path: Pa
     sim_metrics, real_metrics = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "real")
     assert [m["onebit_stage"] for m in sim_metrics] == [m["onebit_stage"] for m in real_metrics]
     assert sim_metrics[-1]["bytes_cumulative"] == real_metrics[-1]["bytes_cumulative"]
+
+
+@pytest.mark.parametrize("source", ["exact", "local", "factored"])
+def test_variance_refresh_steps_in_real_and_simulated_runs(tiny_data: Path, tmp_path: Path, source: str):
+    """`optim.variance_refresh=3` (freeze_step 12): at steps 15 and 18 `exact` allreduces fp32 gradients (the
+    bytes of a LAMB step) instead of the 1-bit exchange, `local` sends the 1-bit momentum plus one fp32
+    allreduce of the workers' squared-gradient sums (`factored`: of their row and column sums only); the
+    other compression steps send the 1-bit momentum alone. 2 simulated workers equal 2 processes, bytes
+    included."""
+    extra = ("max_steps=20", "optim.variance_refresh=3", f"optim.refresh_from={source}")
+    real = run_local(train_worker, 2, (overrides(tiny_data, tmp_path / "real", *extra),))
+    simulated = run_local(
+        train_worker, 1, (overrides(tiny_data, tmp_path / "sim", *extra, "sim_world_size=2"),)
+    )
+    assert simulated[0]["digest"] == real[0]["digest"] == real[1]["digest"]
+    assert _losses(tmp_path / "sim") == _losses(tmp_path / "real")
+    for run in ("real", "sim"):
+        metrics = read_metrics(tmp_path / run)
+        sent = [m["bytes_cumulative"] for m in metrics]
+        per_step = [sent[0]] + [b - a for a, b in pairwise(sent)]
+        lamb_step = metrics[0]["bytes_lamb_cumulative"]
+        exact = [step for step, size in enumerate(per_step, start=1) if size == pytest.approx(lamb_step)]
+        compressed = per_step[12]  # step 13
+        assert 0 < compressed < lamb_step / 10
+        if source == "exact":
+            assert exact == [*range(1, 13), 15, 18], run
+            assert all(size == compressed for step, size in enumerate(per_step, 1) if step not in exact)
+        else:  # local: the allreduce covers the padded momentum buffer, a few elements more than the model
+            assert exact == list(range(1, 13)), run
+            for step in (15, 18):
+                if source == "local":
+                    assert per_step[step - 1] == pytest.approx(compressed + lamb_step, rel=1e-3), (run, step)
+                else:  # the matrices' rows and columns: a few thousand floats
+                    assert compressed < per_step[step - 1] < compressed + lamb_step / 50, (run, step)
+            assert [s for s, size in enumerate(per_step, 1) if size == compressed] == [13, 14, 16, 17, 19, 20]
+    assert (
+        read_metrics(tmp_path / "sim")[-1]["bytes_cumulative"]
+        == read_metrics(tmp_path / "real")[-1]["bytes_cumulative"]
+    )
 
 
 @pytest.mark.slow

@@ -466,15 +466,30 @@ def test_nvlamb_warmup_is_exactly_lamb():
         assert _same(_params(onebit_model), _params(lamb_model)), f"differs after warmup step {step + 1}"
 
 
-def _nvlamb_reference(params, grads_at, freeze_step: int, steps: int, lr: float = 0.01, live_vectors=False):
+def _nvlamb_reference(
+    params,
+    grads_at,
+    freeze_step: int,
+    steps: int,
+    lr: float = 0.01,
+    live_vectors=False,
+    refresh=0,
+    local=False,
+    factored=False,
+):
     """The nvlamb warmup and compression stage at n = 1 written out: LAMB with pre-normalized gradients;
     at the freeze m, v bias-corrected and the β2-EMA of the pre-normalization factor frozen; then
     m ← β1·m + (1−β1)·s·g, v fixed, p ← p − η·c·(m/(√v+ε) + λp), c the live ratio on decayed tensors, 1
-    on the others."""
+    on the others. `refresh` = K: at steps F+K, F+2K, … v ← β2^K·v + (1−β2^K)·(s·g)² before the step
+    (the tensors whose variance is not live); `local`: the mean of (s·g)² over those K steps instead, on the
+    tensors with weight decay; `factored`: the decayed matrix's v is its value at the first refresh
+    rescaled by how the EMAs of the row and column sums of those means moved since then."""
     decays = [0.01, 0.0]
     m = [torch.zeros_like(p) for p in params]
     v = [torch.zeros_like(p) for p in params]
     scale_ema, frozen_scale = 0.0, None
+    squares = [torch.zeros_like(p) for p in params]
+    marginals: dict[int, dict[str, torch.Tensor]] = {}
     for t in range(1, steps + 1):
         grads = grads_at(t - 1)
         if t <= freeze_step:
@@ -485,6 +500,39 @@ def _nvlamb_reference(params, grads_at, freeze_step: int, steps: int, lr: float 
             s = frozen_scale
         for i, (p, g) in enumerate(zip(params, grads)):
             m[i] = 0.9 * m[i] + 0.1 * s * g
+            refreshed = refresh and t > freeze_step and (t - freeze_step) % refresh == 0
+            if (local or factored) and t > freeze_step:
+                squares[i] = squares[i] + (s * g) ** 2
+            if factored and refreshed and decays[i] and p.dim() == 2:
+                mean = squares[i] / refresh
+                rows, cols, weight = mean.sum(1), mean.sum(0), 1 - 0.999**refresh
+                if i not in marginals:
+                    marginals[i] = dict(base=v[i].clone(), r0=rows, c0=cols, r=rows, c=cols)
+                else:
+                    f = marginals[i]
+                    f["r"], f["c"] = (
+                        (1 - weight) * f["r"] + weight * rows,
+                        (1 - weight) * f["c"] + weight * cols,
+                    )
+                f = marginals[i]
+                v[i] = (
+                    f["base"]
+                    * (f["r"] / f["r0"])[:, None]
+                    * (f["c"] / f["c0"])[None, :]
+                    * f["r0"].sum()
+                    / f["r"].sum()
+                )
+            elif (
+                refreshed
+                and not factored
+                and not (live_vectors and p.dim() == 1)
+                and not (local and not decays[i])
+            ):
+                weight = 1 - 0.999**refresh
+                sample = squares[i] / refresh if local else (s * g) ** 2
+                v[i] = (1 - weight) * v[i] + weight * sample
+            if refreshed and (local or factored):
+                squares[i] = torch.zeros_like(p)
             if t <= freeze_step:
                 v[i] = 0.999 * v[i] + 0.001 * (s * g) ** 2
                 bc1, bc2 = 1 - 0.9**t, 1 - 0.999**t
@@ -546,6 +594,97 @@ def test_live_vector_variance_follows_the_vectors_gradients_after_the_freeze():
         torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
     assert torch.equal(optimizer.state[params[0]]["exp_avg_sq"], frozen[0])  # the matrix's stays frozen
     assert not torch.equal(optimizer.state[params[1]]["exp_avg_sq"], frozen[1])
+
+
+@pytest.mark.parametrize("live_vectors", [False, True])
+def test_variance_refresh_updates_v_every_kth_compression_step(live_vectors: bool):
+    """`variance_refresh=3` at freeze_step 3: steps 6 and 9 average gradients exactly (the trainer is asked
+    to) and fold them into v with weight 1 − β2³; the other compression steps leave v alone."""
+    params = [torch.nn.Parameter(t) for t in _two_tensors()]
+    start = [p.detach().clone() for p in params]
+    optimizer = OnebitLamb(
+        [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
+        lr=0.01, freeze_step=3, eps=1e-6, warmup="nvlamb", trust_ratio="live", exact_vectors=True,
+        precondition=True, live_vector_variance=live_vectors, variance_refresh=3,
+    )  # fmt: skip
+    asked, changed = [], []
+    for step in range(10):
+        asked.append(optimizer.needs_gradient_allreduce)
+        before = optimizer.state[params[0]]["exp_avg_sq"].clone() if step else None
+        for p, g in zip(params, _big_grads(step)):
+            p.grad = g.clone()
+        optimizer.step()
+        if before is not None:
+            changed.append(not torch.equal(before, optimizer.state[params[0]]["exp_avg_sq"]))
+    # steps 1-3 warmup, 4.. compression; the 6th and 9th steps (F+3, F+6) are exact
+    assert asked == [True, True, True, False, False, True, False, False, True, False]
+    assert changed == [True, True, False, False, True, False, False, True, False]  # steps 2..10
+    expected = _nvlamb_reference(
+        [s.clone() for s in start], _big_grads, 3, 10, live_vectors=live_vectors, refresh=3
+    )
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def _nvlamb_two_tensor_optimizer(params: list[torch.nn.Parameter], **options) -> OnebitLamb:
+    """nvlamb, live ratio, preconditioned, freeze at 3: the matrix with weight decay, the vector without."""
+    return OnebitLamb(
+        [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
+        lr=0.01, freeze_step=3, eps=1e-6, warmup="nvlamb", trust_ratio="live", precondition=True, **options,
+    )  # fmt: skip
+
+
+def test_variance_refresh_from_local_squares_averages_the_k_steps():
+    """refresh_from=local at one process: every compression step adds (s·g)², the K-th step folds their mean
+    into v of the decayed tensor (the vector without weight decay keeps its frozen v); no step is exact."""
+    params = [torch.nn.Parameter(t) for t in _two_tensors()]
+    start = [p.detach().clone() for p in params]
+    optimizer = _nvlamb_two_tensor_optimizer(params, variance_refresh=3, refresh_from="local")
+    asked = []
+    for step in range(10):
+        asked.append(optimizer.needs_gradient_allreduce)
+        for p, g in zip(params, _big_grads(step)):
+            p.grad = g.clone()
+        optimizer.step()
+        if step == 2:
+            frozen_vector = optimizer.state[params[1]]["exp_avg_sq"].clone()
+    assert asked == [True] * 3 + [False] * 7
+    assert torch.equal(optimizer.state[params[1]]["exp_avg_sq"], frozen_vector)
+    expected = _nvlamb_reference([s.clone() for s in start], _big_grads, 3, 10, refresh=3, local=True)
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+    exact = _nvlamb_reference([s.clone() for s in start], _big_grads, 3, 10, refresh=3)
+    assert not torch.allclose(params[0].detach(), exact[0], rtol=1e-5, atol=1e-6)  # not the one-step sample
+
+
+def test_factored_variance_refresh_rescales_the_frozen_variance_by_rows_and_columns():
+    """refresh_from=factored at one process: the decayed matrix's v is the frozen one times how its row and
+    column sums of g² moved since the first refresh; the vector without decay keeps its frozen v."""
+    params = [torch.nn.Parameter(t) for t in _two_tensors()]
+    start = [p.detach().clone() for p in params]
+    optimizer = _nvlamb_two_tensor_optimizer(params, variance_refresh=2, refresh_from="factored")
+    for step in range(11):
+        for p, g in zip(params, _big_grads(step)):
+            p.grad = g.clone()
+        optimizer.step()
+        if step == 2:
+            frozen = [optimizer.state[p]["exp_avg_sq"].clone() for p in params]
+    assert torch.equal(optimizer.state[params[1]]["exp_avg_sq"], frozen[1])
+    moved = optimizer.state[params[0]]["exp_avg_sq"] / frozen[0]
+    assert not torch.allclose(moved, torch.ones_like(moved))  # rescaled, by an outer product of factors
+    torch.testing.assert_close(moved * moved[:1, :1], moved[:, :1] * moved[:1, :], rtol=1e-4, atol=0)
+    expected = _nvlamb_reference([s.clone() for s in start], _big_grads, 3, 11, refresh=2, factored=True)
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_variance_refresh_needs_a_live_ratio_and_k_of_at_least_two():
+    with pytest.raises(ValueError, match="variance_refresh"):
+        OnebitLamb(_two_tensors(), freeze_step=2, variance_refresh=1, trust_ratio="live")
+    with pytest.raises(ValueError, match="variance_refresh"):
+        OnebitLamb(_two_tensors(), freeze_step=2, variance_refresh=4)  # trust_ratio=frozen
+    with pytest.raises(ValueError, match="refresh_from"):
+        OnebitLamb(_two_tensors(), freeze_step=2, trust_ratio="live", refresh_from="local")
 
 
 def test_nvlamb_warmup_moves_a_zero_bias_like_lamb_and_deepspeeds_does_not():

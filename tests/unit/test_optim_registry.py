@@ -68,6 +68,9 @@ def test_misspelt_key_fails_at_composition():
             "optim.local_momentum",
         ),
         (lambda: OnebitLambConfig(trust_ratio="frozen"), "optim.warmup nvlamb needs"),
+        (lambda: OnebitLambConfig(variance_refresh=1), "optim.variance_refresh must be 0"),
+        (lambda: OnebitLambConfig(variance_refresh=8, local_momentum=True), "optim.variance_refresh needs"),
+        (lambda: OnebitLambConfig(refresh_from="local"), "optim.refresh_from local needs"),
         (lambda: OnebitAdamConfig(beta2=1.0), "optim.beta2"),
         (lambda: OnebitAdamConfig(name="onebit_lamb"), "optim.name"),
     ],
@@ -209,3 +212,18 @@ def test_scale_dtype_reaches_the_compressed_allreduce():
     assert optimizer.exchange.scale_dtype is ScaleDtype.bfloat16 and ScaleDtype.bfloat16.bytes == 2
     with pytest.raises(ValueError, match="float16"):
         OnebitLamb([torch.nn.Parameter(torch.zeros(3))], scale_dtype="float16")
+
+
+def test_changed_options_name_what_a_resume_changes():
+    from pretrain.optim.config import OnebitLambConfig
+
+    saved = OnebitLambConfig(warmup="deepspeed", live_vector_variance=False).options()
+    assert saved["warmup"] == "deepspeed" and saved["eps"] == "1e-08"
+    changed = OnebitLambConfig().changed_options(saved)
+    assert sorted(changed) == [
+        "eps 1e-08 -> 1e-06",
+        "live_vector_variance False -> True",
+        "warmup deepspeed -> nvlamb",
+    ]
+    assert OnebitLambConfig().changed_options(OnebitLambConfig().options()) == []
+    assert OnebitLambConfig().changed_options(None) == []  # a checkpoint from before the record
