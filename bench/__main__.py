@@ -19,8 +19,9 @@ BENCHMARKS: dict[str, str] = {
     "net": "bench.net",
     "scaling": "bench.scaling",
     "fidelity": "bench.fidelity",
+    "gpu": "bench.gpu",
 }
-OPT_IN = {"net", "scaling", "fidelity"}
+OPT_IN = {"net", "scaling", "fidelity", "gpu"}
 
 
 def main(argv: list[str]) -> None:

@@ -49,11 +49,12 @@ PEER_TORCH_OPTIMIZER = "torch_optimizer.Lamb"
 PEER_LAMB = "pretrain.optim.Lamb (eager)"
 
 
-def bert_parameters(large: bool) -> torch.nn.Module:
-    """A module holding fresh fp32 tensors with `BertForPreTraining`'s parameter names and shapes."""
+def bert_parameters(large: bool, config: Any = None) -> torch.nn.Module:
+    """A module holding fresh fp32 tensors with `BertForPreTraining`'s parameter names and shapes (of
+    BERT-Large or BERT-Base, or of the `BertConfig` given)."""
     from transformers import BertConfig, BertForPreTraining
 
-    if large:
+    if config is None and large:
         config = BertConfig(
             vocab_size=30522,
             hidden_size=1024,
@@ -61,7 +62,7 @@ def bert_parameters(large: bool) -> torch.nn.Module:
             num_attention_heads=16,
             intermediate_size=4096,
         )
-    else:
+    elif config is None:
         config = BertConfig(vocab_size=30522)  # BERT-Base defaults
     with torch.device("meta"):
         shapes = {name: p.shape for name, p in BertForPreTraining(config).named_parameters()}

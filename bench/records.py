@@ -64,8 +64,9 @@ def results_name(name: str, quick: bool) -> str:
     return f"{name}_quick" if quick else name
 
 
-def write_records(name: str, records: list[Record], out_dir: Path | None = None) -> Path:
-    """Write `<out_dir>/<name>.json` atomically (temp file + rename) and print a one-line summary each."""
+def write_records(name: str, records: list[Record], out_dir: Path | None = None, quiet: bool = False) -> Path:
+    """Write `<out_dir>/<name>.json` atomically (temp file + rename) and print a one-line summary each
+    (unless `quiet`)."""
     out_dir = Path(out_dir or RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
@@ -76,7 +77,7 @@ def write_records(name: str, records: list[Record], out_dir: Path | None = None)
         json.dump(payload, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
-    for r in records:
+    for r in [] if quiet else records:
         peer = f"  vs {r.peer}={r.peer_value:.4g} ratio={r.ratio:.3g}" if r.peer_value is not None else ""
         target = f"  target {r.target}" if r.target else ""
         print(f"[bench {name}] {r.name}: {r.value:.4g} {r.unit}{peer}{target}")

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from data.wikitext import wikitext_to_text
-
 
 class DataError(ValueError):
     """Bad user data: the message is one line naming the file (and line/page where known).
@@ -52,6 +50,8 @@ class Document:
     def plain_text(self) -> str:
         """The plain text: `text`, or the converted wikitext ("" when nothing survives cleaning)."""
         if self.markup == "wikitext":
+            from data.wikitext import wikitext_to_text  # the parser loads only where wikitext is read
+
             return wikitext_to_text(self.text)
         return self.text
 

@@ -8,13 +8,16 @@ A plain `python -m pretrain` without torchrun runs as a world of one.
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import socket
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,14 @@ def _attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store |
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
     return dist.PrefixStore(f"/bert_lamb/attempt_{attempt}", store)
+
+
+def no_buffer_sync() -> dict[str, Any]:
+    """DDP's keyword that turns off the buffers' broadcast before every forward: `forward_sync_buffers`
+    from torch 2.13 (where `broadcast_buffers` is deprecated), `broadcast_buffers` before it (2.11 on GPU
+    images, for one: `bench gpu` found the new name refused there)."""
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in parameters else "broadcast_buffers": False}
 
 
 def shutdown_distributed() -> None:

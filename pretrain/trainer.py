@@ -35,7 +35,7 @@ from pretrain import checkpoint as ckpt
 from pretrain.comm.counter import ring_allreduce_bytes
 from pretrain.config import PhaseConfig, Precision, TrainConfig
 from pretrain.diagnostics import Diagnostics, token_counts
-from pretrain.distributed import DistributedEnv, autocast_context
+from pretrain.distributed import DistributedEnv, autocast_context, no_buffer_sync
 from pretrain.faults import FaultInjector
 from pretrain.gradient_sync import GradientSync
 from pretrain.metrics import (
@@ -102,7 +102,7 @@ class Trainer:
         self.ddp = DistributedDataParallel(
             objective,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
-            forward_sync_buffers=False,  # BERT's buffers (position ids) are constants
+            **no_buffer_sync(),  # BERT's buffers (position ids) are constants
         )
         self.ddp.register_comm_hook(self.sync, GradientSync.hook)
         self.onebit = hasattr(cfg.optim, "freeze_step")

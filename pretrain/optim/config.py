@@ -218,17 +218,21 @@ class OnebitLambConfig(_OnebitConfig):
     # the 1-D tensors' variance stays live after the freeze, from their exactly averaged momentum (no bytes;
     # with exact_vectors only, else it does nothing): pretrain/optim/onebit_lamb.py
     live_vector_variance: bool = True
-    # K >= 2: every K-th compression step averages gradients exactly and refreshes the variance of the other
-    # tensors (one full-precision allreduce per K steps); 0: v stays frozen. pretrain/optim/onebit_lamb.py
-    variance_refresh: int = 0
+    # K >= 2: every K-th compression step refreshes the variance of the matrices (the default rank1: from
+    # the workers' row and column sums of g², one small exact allreduce per K steps); 0: v stays frozen
+    # (DeepSpeed). pretrain/optim/onebit_lamb.py
+    variance_refresh: int = 64
     # what a refresh folds into v: exact (the K-th step's averaged gradient), local (every worker's own
     # squared gradients over the K steps, averaged over workers by one exact allreduce; decayed tensors only)
-    # or factored (those squares' row and column sums per decayed matrix, rescaling the frozen v)
-    refresh_from: RefreshFrom = RefreshFrom.exact
+    # or factored (those squares' row and column sums per decayed matrix, rescaling the frozen v) or
+    # blocks (their sums over blocks of refresh_block consecutive elements, rescaling v block by block;
+    # bf16 on the wire) or rank1 (the row and column sums rebuilt into r·cᵀ/Σr and folded into v)
+    refresh_from: RefreshFrom = RefreshFrom.rank1
+    refresh_block: int = 128
     eps: float | None = None  # None: the warmup's default (nvlamb 1e-6 as optim=lamb, deepspeed 1e-8)
     # The remedy is the default (results/cpu-study/: measured against LAMB and DeepSpeed's algorithm);
     # DeepSpeed's exactly: warmup=deepspeed live_vector_variance=false compression=deepspeed sign_scale=rms
-    # trust_ratio=frozen precondition=false exact_vectors=false scale_dtype=float32.
+    # trust_ratio=frozen precondition=false exact_vectors=false scale_dtype=float32 variance_refresh=0.
     compression: Compression = Compression.per_column
     sign_scale: SignScale = SignScale.mean_abs
     precondition: bool = True
@@ -254,16 +258,24 @@ class OnebitLambConfig(_OnebitConfig):
             "variance_refresh",
             f"must be 0 (off) or >= 2, got {self.variance_refresh}",
         )
+        reason = compiled.unsupported_reason(
+            trust_ratio_live=TrustRatio(self.trust_ratio) is not TrustRatio.frozen,
+            precondition=self.precondition,
+            virtual_workers=1,
+            local_momentum=self.local_momentum,
+        )
+        _require(not self.compile or reason is None, "compile", f"true {reason}")
         _require(
             not self.variance_refresh
             or (TrustRatio(self.trust_ratio) is not TrustRatio.frozen and not self.local_momentum),
             "variance_refresh",
-            "needs optim.trust_ratio=live or live_clamped and optim.local_momentum=false",
+            "needs optim.trust_ratio=live or live_clamped and optim.local_momentum=false "
+            "(optim.variance_refresh=0 turns the refresh off)",
         )
         _require(
-            RefreshFrom(self.refresh_from) is RefreshFrom.exact or self.variance_refresh >= 2,
-            "refresh_from",
-            f"{RefreshFrom(self.refresh_from).value} needs optim.variance_refresh >= 2",
+            self.refresh_block >= 2,
+            "refresh_block",
+            f"must be >= 2, got {self.refresh_block}",
         )
         _require(
             not (self.local_momentum and TrustRatio(self.trust_ratio) is TrustRatio.frozen),
@@ -273,13 +285,6 @@ class OnebitLambConfig(_OnebitConfig):
         _require(
             0 <= self.min_coeff <= self.max_coeff, "min_coeff", "must satisfy 0 <= min_coeff <= max_coeff"
         )
-        reason = compiled.unsupported_reason(
-            trust_ratio_live=TrustRatio(self.trust_ratio) is not TrustRatio.frozen,
-            precondition=self.precondition,
-            virtual_workers=1,
-            local_momentum=self.local_momentum,
-        )
-        _require(not self.compile or reason is None, "compile", f"true {reason}")
         _require(0.0 < self.coeff_beta < 1.0, "coeff_beta", f"must be in (0, 1), got {self.coeff_beta}")
         _require(0 < self.factor_min <= 1.0, "factor_min", f"must be in (0, 1], got {self.factor_min}")
         _require(self.factor_max >= 1.0, "factor_max", f"must be >= 1, got {self.factor_max}")
@@ -309,6 +314,7 @@ class OnebitLambConfig(_OnebitConfig):
             "live_vector_variance": self.live_vector_variance,
             "variance_refresh": self.variance_refresh,
             "refresh_from": RefreshFrom(self.refresh_from),
+            "refresh_block": self.refresh_block,
             "compile": self.compile,
         }
 

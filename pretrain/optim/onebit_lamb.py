@@ -68,21 +68,36 @@ Large's compression stage then 10.5× below fp16 instead of 15.55×: over the by
 1.029× (seed 1: the product of row and column ratios over-amplifies elements whose row and column both
 grew).
 
+`refresh_from="blocks"` is `local` at the resolution of blocks of `refresh_block` consecutive elements of
+each decayed tensor, to fit the byte budget: the workers' block sums of Σ g_w² are averaged exactly with
+bfloat16 on the wire (N/`refresh_block` values per K steps), and within a block v keeps its shape and is
+rescaled, v ← v·(β2^K + (1−β2^K)·M_b/V_b), M_b the block's mean square per element and step and V_b its
+mean of v (a block whose v is all zero takes M_b). At `refresh_block=128`, K = 64 BERT-Large's compression
+stage stays 15.5× below fp16. Measured 1.014× (seed 1; `local` 1.005, frozen 1.018 on that seed): a block of
+128 is a whole row of the study's model, and within a row the columns' variance moves apart after the freeze.
+
+`refresh_from="rank1"` sends `factored`'s row and column sums (~0.1% of the elements) but rebuilds the
+window's mean squares from them, r·cᵀ/Σr (Adafactor's estimator of a non-negative matrix from its
+marginals), and folds that into v as `local` folds the squares: v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr, decayed
+matrices only; no reference window, so nothing is counted twice. Measured 1.004× LAMB at K = 64 (3 seeds,
+2 ranks; `local` 1.003×) with BERT-Large's compression stage at 15.54× below fp16: the project's default.
+
 Defaults: this class's arguments are DeepSpeed's algorithm (spec §3: one scale per buffer, RMS sign scale,
 frozen c̄·f, DeepSpeed's warmup), the parity mode. The project's config (`conf/optim/onebit_lamb.yaml`,
 `OnebitLambConfig`) defaults to the remedy instead — `compression=per_column`, `precondition=True`,
-`sign_scale=mean_abs`, `trust_ratio=live`, `exact_vectors=True` with `scale_dtype=bfloat16`,
-`warmup=nvlamb`, `live_vector_variance=True` — because the CPU study (results/cpu-study/) measured
-DeepSpeed's algorithm losing to LAMB and diverging on some seeds where the remedy did not (spec §3.8 has
-the mechanism); at seq 32, where LAMB learns context, the remedy ends 2.4% above LAMB's final MLM loss
-(3 seeds; 10.2% with DeepSpeed's warmup rule).
+`sign_scale=mean_abs`, `trust_ratio=live`, `exact_vectors=True` with `scale_dtype=bfloat16`, `warmup=nvlamb`,
+`live_vector_variance=True`, `variance_refresh=64` with `refresh_from="rank1"` — because the CPU study
+(results/cpu-study/) measured DeepSpeed's algorithm losing to LAMB and diverging on some seeds where the
+remedy did not (spec §3.8 has the mechanism); at seq 32, where LAMB learns context, the remedy with a frozen
+variance ends 2.4% above LAMB's final MLM loss (3 seeds; 10.2% with DeepSpeed's warmup rule), with the rank-1
+variance refresh 0.4%.
 
 Per-parameter state: step count lives in the param groups; `exp_avg` (view into the flat buffer),
 `exp_avg_sq`, `lamb_coeff_freeze` (c̄), `lamb_coeff_updates` (k), `last_factor`, from step freeze_step
 `exp_avg_sq_fresh` (v_f), from the first compression step `scaling_coeff` (κ); with
 `refresh_from="factored"`, from the first refresh, `exp_avg_sq_base`, `refresh_rows`, `refresh_cols` and
 their `_ref` values; `master_param` for bf16/fp16 parameters. Scalars are 0-dim fp32 tensors on the
-parameter's device. Rank-local (checkpointed per rank): the `local`/`factored` refresh sums.
+parameter's device. Rank-local (checkpointed per rank): the `local`/`blocks`/`factored`/`rank1` refresh sums.
 """
 
 from __future__ import annotations
@@ -118,6 +133,8 @@ class RefreshFrom(str, enum.Enum):
     exact = "exact"  # the K-th step's exactly averaged gradient (the trainer allreduces it), one sample
     local = "local"  # every worker's own squared gradients summed over the K steps, averaged over workers
     factored = "factored"  # the same reduced to each matrix's row and column sums: v_frozen rescaled by them
+    blocks = "blocks"  # the same reduced to sums over blocks of consecutive elements: v rescaled per block
+    rank1 = "rank1"  # the row and column sums again, the squares rebuilt from them as r·cᵀ/Σr (Adafactor)
 
 
 class TrustRatio(str, enum.Enum):
@@ -152,8 +169,9 @@ class OnebitLamb(OnebitOptimizer):
             `exact_vectors` only (without it they are not averaged exactly and this does nothing).
         variance_refresh: K ≥ 2: every K-th compression step averages gradients exactly and refreshes
             the variance (module docstring); 0: off. Needs a live trust ratio and no `local_momentum`.
-        refresh_from: `exact` (the K-th step's averaged gradient) or `local` (the workers' own squared
-            gradients over the K steps; module docstring).
+        refresh_from: `exact` (the K-th step's averaged gradient), `local` (the workers' own squared
+            gradients over the K steps), `factored`, `blocks` or `rank1` (module docstring).
+        refresh_block: `refresh_from="blocks"`: elements per block (≥ 2).
         trust_ratio: `frozen` (DeepSpeed: c̄·f), `live` or `live_clamped` (module docstring).
         compile: run the warmup and compression steps as `torch.compile`d passes
             (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs a live trust
@@ -193,6 +211,7 @@ class OnebitLamb(OnebitOptimizer):
         live_vector_variance: bool = False,
         variance_refresh: int = 0,
         refresh_from: RefreshFrom | str = RefreshFrom.exact,
+        refresh_block: int = 128,
         compile: bool = False,
     ) -> None:
         if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
@@ -207,8 +226,8 @@ class OnebitLamb(OnebitOptimizer):
             raise ValueError(f"OnebitLamb: variance_refresh must be 0 (off) or >= 2, got {variance_refresh}")
         if variance_refresh and (TrustRatio(trust_ratio) is TrustRatio.frozen or local_momentum):
             raise ValueError("OnebitLamb: variance_refresh needs a live trust_ratio and no local_momentum")
-        if RefreshFrom(refresh_from) is not RefreshFrom.exact and not variance_refresh:
-            raise ValueError(f"OnebitLamb: refresh_from='{refresh_from}' needs variance_refresh >= 2")
+        if refresh_block < 2:
+            raise ValueError(f"OnebitLamb: refresh_block must be >= 2, got {refresh_block}")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -243,7 +262,9 @@ class OnebitLamb(OnebitOptimizer):
         self.live_vector_variance = live_vector_variance
         self.variance_refresh = variance_refresh
         self.refresh_from = RefreshFrom(refresh_from)
-        # refresh_from local / factored: Σ g_w² (or row and column sums) per worker since the last refresh
+        self.refresh_block = refresh_block
+        # refresh_from local / blocks / factored: Σ g_w² (or row and column sums) per worker since the last
+        # refresh
         self._square_sums: Tensor | None = None
         self._last_live_coeffs: dict[int, Any] = {}  # `live`: the last step's coefficients, per group
         self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
@@ -443,14 +464,18 @@ class OnebitLamb(OnebitOptimizer):
         refresh = self._exact_step_next()  # read before the step, as the trainer did
         self._scale_gradients(None if refresh else segment.local, grads)
         live = self._live_variance_positions(segment)
-        if self.variance_refresh and self.refresh_from is RefreshFrom.local:
+        if self.variance_refresh and self.refresh_from in (RefreshFrom.local, RefreshFrom.blocks):
             self._accumulate_squares(segment, grads)
-            if self._refresh_next():
+            if self._refresh_next() and self.refresh_from is RefreshFrom.local:
                 self._refresh_from_squares(segment, live)
-        elif self.variance_refresh and self.refresh_from is RefreshFrom.factored:
+            elif self._refresh_next():
+                self._refresh_from_blocks(segment, live)
+        elif self.variance_refresh and self.refresh_from in (RefreshFrom.factored, RefreshFrom.rank1):
             self._accumulate_marginals(segment, grads)
-            if self._refresh_next():
+            if self._refresh_next() and self.refresh_from is RefreshFrom.factored:
                 self._refresh_factored(segment)
+            elif self._refresh_next():
+                self._refresh_rank1(segment)
         previous = [segment.views[i].clone() for i in live]  # m̂ₜ₋₁ of the exactly averaged tensors
         if refresh:
             self._refresh_update(segment, grads, live)
@@ -490,6 +515,46 @@ class OnebitLamb(OnebitOptimizer):
                 exp_avg_sq.mul_(1.0 - weight).add_(views[i], alpha=weight)
                 if divisors is not None:
                     torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
+        sums.zero_()
+
+    def _refresh_from_blocks(self, segment: Any, live: list[int]) -> None:
+        """refresh_from=blocks (module docstring): the workers' block sums of their Σ g_w² averaged exactly in
+        bfloat16, then v of each decayed tensor (not live) rescaled block by block; the sums restart."""
+        sums = self._square_sums
+        assert sums is not None
+        rows = sums if sums.dim() == 2 else sums.unsqueeze(0)
+        skip, block = set(live), self.refresh_block
+        refreshed = [
+            (group, i)
+            for group, span in self._group_slices()
+            if group["weight_decay"] != 0.0  # as `local`: no trust ratio to cancel the workers' extra noise
+            for i in range(span.start, span.stop)
+            if i not in skip
+        ]
+        per_worker = []
+        for row in rows:
+            views = segment.views_of(row)
+            per_worker.append(torch.cat([_block_sums(views[i], block) for _, i in refreshed]))
+        stacked = torch.stack(per_worker)
+        stacked = torch.nn.functional.pad(stacked, (0, -stacked.shape[1] % self.num_processes))
+        mean = worker_order_mean(stacked, self.group, self.num_processes, self.traffic, torch.bfloat16)
+        mean.div_(self.variance_refresh)
+        divisors, start = segment.divisors, 0
+        for group, i in refreshed:
+            exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
+            numel = exp_avg_sq.numel()
+            observed = mean[start : start + -(-numel // block)]
+            start += observed.numel()
+            current = _block_sums(exp_avg_sq, block)
+            weight = 1.0 - group["betas"][1] ** self.variance_refresh
+            factor = _ratio(observed, current).mul_(weight).add_(1.0 - weight)
+            counts = torch.full_like(observed, float(block))
+            counts[-1] = numel - block * (observed.numel() - 1)
+            empty = torch.where(current > 0, 0.0, observed * weight / counts)  # a zero block takes M_b
+            flat = exp_avg_sq.view(-1)
+            flat.mul_(factor.repeat_interleave(block)[:numel]).add_(empty.repeat_interleave(block)[:numel])
+            if divisors is not None:
+                torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
         sums.zero_()
 
     def _factored_positions(self, segment: Any) -> list[int]:
@@ -552,6 +617,26 @@ class OnebitLamb(OnebitOptimizer):
             exp_avg_sq.mul_(col_factor.unsqueeze(0))
             if divisors is not None:
                 torch.sqrt(exp_avg_sq, out=divisors[i]).add_(eps[id(param)])
+        self._square_sums.zero_()
+
+    def _refresh_rank1(self, segment: Any) -> None:
+        """refresh_from=rank1 (module docstring): the workers' row and column sums of Σ g_w² averaged exactly;
+        each decayed matrix's mean square over the K steps rebuilt as r·cᵀ/Σr and folded into v as `local`
+        folds the squares themselves, v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr; the sums restart."""
+        assert self._square_sums is not None
+        mean = worker_order_mean(self._square_sums, self.group, self.num_processes, self.traffic)
+        mean.div_(self.variance_refresh)
+        groups = {id(p): group for group in self.param_groups for p in group["params"]}
+        divisors = segment.divisors
+        for i, (rows, cols) in zip(self._factored_positions(segment), self._marginal_views(mean, segment)):
+            param = segment.params[i]
+            group = groups[id(param)]
+            weight = 1.0 - group["betas"][1] ** self.variance_refresh
+            estimate = torch.outer(rows, cols).div_(rows.sum().clamp(min=1e-30))  # no gradient at all: 0
+            exp_avg_sq = self.state[param]["exp_avg_sq"]
+            exp_avg_sq.mul_(1.0 - weight).add_(estimate, alpha=weight)
+            if divisors is not None:
+                torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
         self._square_sums.zero_()
 
     def _refresh_update(self, segment: Any, grads: list[Tensor], live: list[int]) -> None:
@@ -724,6 +809,12 @@ class OnebitLamb(OnebitOptimizer):
         if live and self.stage is Stage.compression:
             statistics["live_coeff_mean"] = float(torch.cat(live).mean())
         return statistics
+
+
+def _block_sums(values: Tensor, block: int) -> Tensor:
+    """Sums over consecutive blocks of `block` elements of the flattened `values` (the last one shorter)."""
+    flat = values.reshape(-1)
+    return torch.nn.functional.pad(flat, (0, -flat.numel() % block)).view(-1, block).sum(1)
 
 
 def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:

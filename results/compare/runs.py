@@ -162,6 +162,7 @@ _VARIANT_DEFAULTS = {
     "live_vector_variance": False,
     "variance_refresh": 0,
     "refresh_from": "exact",
+    "refresh_block": 128,
 }
 
 

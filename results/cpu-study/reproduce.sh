@@ -36,7 +36,8 @@
 #             steps, 2,400 of them compressed); reported apart in results/cpu-study-long/ (LONG_ARMS="<arms>")
 #   long_finetune  the long runs' final checkpoints on SST-2 and MRPC (FT_TASKS="sst2" for a subset); the
 #             floor is the `finetune` stage's randomly initialised model
-#   s32       seeds x {lamb n2, remedy_nv_lv (the default) n2 and sim32, deepspeed n2 and sim32} with
+#   s32       seeds x {lamb n2, remedy_nv_lv (frozen v) and remedy_nv_lv_k64 (the default: the rank-1 variance
+#             refresh) n2 and sim32, deepspeed n2 and sim32} with
 #             conf/batch/cpu_study_s32.yaml on the sample at seq 32 (data=sample_8k_s32): 3,200 steps, 2,560 of
 #             them compressed, where LAMB leaves the unigram stage (> 25% masked-LM accuracy); reported apart in
 #             results/cpu-study-s32/ (S32_ARMS="<arms>", WORKERS="<workers>" for subsets)
@@ -81,31 +82,31 @@ fi
 
 declare -A ARM=(
   [lamb]="optim=lamb"
-  [deepspeed]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_clamped]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [per_row]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [per_row_live]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [per_row_mean_abs]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [per_tensor_remedy]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [deepspeed_live]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
+  [deepspeed]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy_clamped]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [per_row]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [per_row_live]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [per_row_mean_abs]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [per_tensor_remedy]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_tensor optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [deepspeed_live]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
   [lamb_deepspeed]="optim=lamb optim.variant=deepspeed optim.bias_correction=false optim.max_coeff=10.0"
-  [remedy_bias]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true optim.precondition=false optim.scale_dtype=float32"
-  [remedy_pre]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_col]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_col_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32"
-  [remedy_pre_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32"
-  [remedy_col_vb16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.vector_block=16 optim.exact_vectors=false optim.scale_dtype=float32"
-  [remedy_col_ev16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
-  [remedy_col_bf16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.scale_dtype=bfloat16 optim.exact_vectors=false"
-  [remedy_col_eps6]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.eps=1e-6 optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_bias]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_output_bias=true optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.exact_vectors=true optim.precondition=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy_pre]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy_col]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy_col_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy_pre_exact]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy_col_vb16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.vector_block=16 optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [remedy_col_ev16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 optim.variance_refresh=0"
+  [remedy_col_bf16]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.scale_dtype=bfloat16 optim.exact_vectors=false optim.variance_refresh=0"
+  [remedy_col_eps6]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.eps=1e-6 optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
   # the default with optim=lamb's LAMB in the warmup and its rules kept after the freeze (seq-32 study)
-  [remedy_nv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  [remedy_nv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 optim.variance_refresh=0"
   # and the 1-D tensors' variance kept live after the freeze (from their exact average)
-  [remedy_nv_lv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  [remedy_nv_lv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 optim.variance_refresh=0"
   # that, with the variance frozen at step 1,280 instead of 640 (40% of the run)
-  [remedy_nv_lv_f1280]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1280"
+  [remedy_nv_lv_f1280]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1280 optim.variance_refresh=0"
   # that, with every 64th (16th) compression step averaging gradients exactly and refreshing v (variance_refresh)
   [remedy_nv_lv_r64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   [remedy_nv_lv_r16]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=16 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
@@ -114,11 +115,16 @@ declare -A ARM=(
   # every 64th (16th) compression step refreshing v from every worker's own squared gradients over those steps
   [remedy_nv_lv_l64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=local optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   [remedy_nv_lv_l16]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=16 optim.refresh_from=local optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  # every 64th compression step rescaling v block by block (128 elements) by the workers' squared gradients' block
+  # sums, sent in bfloat16 (BERT-Large's compression stage stays 15.5x below fp16)
+  [remedy_nv_lv_b64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=blocks optim.refresh_block=128 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  # every 64th compression step folding in the workers' squared gradients rebuilt from their row and column sums (r c^T / sum r)
+  [remedy_nv_lv_k64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=rank1 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   # every 64th compression step rescaling the frozen v by the row and column sums of the workers' squared gradients
   [remedy_nv_lv_fr64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=factored optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   # the default with the variance frozen later (seq-32 study: after LAMB leaves the unigram stage)
-  [remedy_col_ev16_f1600]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1600"
-  [remedy_local]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true optim.exact_vectors=false optim.scale_dtype=float32"
+  [remedy_col_ev16_f1600]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1600 optim.variance_refresh=0"
+  [remedy_local]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.local_momentum=true optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
 )
 
 # pretrain <arm> <workers: n1 | n2 | n4 | sim8 | sim32> <seed> <batch recipe>
@@ -230,7 +236,7 @@ if stage long_finetune; then  # the long arm's checkpoints on SST-2 and MRPC (FT
 fi
 if stage s32; then  # seq 32: LAMB past the unigram stage on 2 cores (conf/batch/cpu_study_s32.yaml)
   for seed in $SEEDS; do
-    for arm in ${S32_ARMS:-lamb remedy_nv_lv deepspeed}; do
+    for arm in ${S32_ARMS:-lamb remedy_nv_lv remedy_nv_lv_k64 deepspeed}; do
       for workers in ${WORKERS:-n2 sim32}; do
         [[ $arm == lamb && $workers == sim* ]] && continue  # LAMB averages the same gradient at any count
         pretrain "$arm" "$workers" "$seed" cpu_study_s32

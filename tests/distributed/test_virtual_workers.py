@@ -83,6 +83,13 @@ CONFIGS = {
     "nvlamb_refresh_local": ("onebit_lamb", {**NVLAMB, "variance_refresh": 2, "refresh_from": "local"}),
     # the same with each matrix's row and column sums only (v rescaled by them)
     "nvlamb_refresh_factored": ("onebit_lamb", {**NVLAMB, "variance_refresh": 2, "refresh_from": "factored"}),
+    # the same rebuilt as r·cᵀ/Σr and folded into v
+    "nvlamb_refresh_rank1": ("onebit_lamb", {**NVLAMB, "variance_refresh": 2, "refresh_from": "rank1"}),
+    # the same with sums over blocks of 16 elements, sent in bfloat16 (v rescaled block by block)
+    "nvlamb_refresh_blocks": (
+        "onebit_lamb",
+        {**NVLAMB, "variance_refresh": 2, "refresh_from": "blocks", "refresh_block": 16},
+    ),
 }
 
 

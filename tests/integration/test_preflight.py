@@ -41,6 +41,34 @@ def test_the_64k_recipe_on_8_ranks(monkeypatch, tmp_path):
     assert "not prepared at" in text and "W&B:" in text and "checkpoints: ~" in text
 
 
+def test_compiled_optimizer_on_a_gpu_is_a_note(monkeypatch, tmp_path):
+    overrides = ["batch=64k", "optim=lamb", "optim.compile=true", "model=bert_large", "dry_run=true"]
+    assert not any("optim.compile" in note for note in _report(overrides, 8, monkeypatch, tmp_path).notes)
+    monkeypatch.setattr(preflight, "devices", lambda: ("cuda", "8 x NVIDIA H100"))
+
+    class H100:
+        total_memory = 80 * 2**30
+
+    monkeypatch.setattr(preflight.torch.cuda, "get_device_properties", lambda index: H100())
+    cfg = compose_train_config([*overrides, f"data_dir={tmp_path / 'absent'}", f"run_dir={tmp_path / 'run'}"])
+    notes = preflight.build(cfg, 8).notes
+    assert any("optim.compile=true on a GPU" in note for note in notes), notes
+
+
+def test_the_variance_refresh_bytes_are_in_the_step_traffic(monkeypatch, tmp_path):
+    """The per-step figure after the freeze includes the refresh's allreduce averaged over its K steps:
+    `local` at K = 64 costs a third of the saving, `rank1` (row and column sums) almost nothing."""
+    pattern = r"([\d,.]+) MiB before it .* ([\d,.]+) MiB after \(([\d.]+)x less\)"
+    ratios = {}
+    for source in ("none", "local", "rank1"):
+        extra = [] if source == "none" else ["optim.variance_refresh=64", f"optim.refresh_from={source}"]
+        text = _report([*LARGE, *extra], 8, monkeypatch, tmp_path).text()
+        ratios[source] = float(re.search(pattern, text).group(3))
+    assert 30.0 < ratios["none"] < 32.0
+    assert 20.0 < ratios["local"] < 22.0  # 1/31.1 + 2·(7/8)·4/64 / (2·(7/8)·4) of the fp32 allreduce
+    assert ratios["none"] - 0.1 < ratios["rank1"] <= ratios["none"]
+
+
 def test_lamb_sends_the_gradient_allreduce_only(monkeypatch, tmp_path):
     text = _report(
         ["batch=64k", "optim=lamb", "model=bert_large", "dry_run=true"], 8, monkeypatch, tmp_path

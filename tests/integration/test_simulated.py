@@ -50,11 +50,12 @@ def test_two_simulated_workers_equal_two_processes(tiny_data: Path, tmp_path: Pa
     assert sim_metrics[-1]["bytes_cumulative"] == real_metrics[-1]["bytes_cumulative"]
 
 
-@pytest.mark.parametrize("source", ["exact", "local", "factored"])
+@pytest.mark.parametrize("source", ["exact", "local", "factored", "blocks", "rank1"])
 def test_variance_refresh_steps_in_real_and_simulated_runs(tiny_data: Path, tmp_path: Path, source: str):
     """`optim.variance_refresh=3` (freeze_step 12): at steps 15 and 18 `exact` allreduces fp32 gradients (the
     bytes of a LAMB step) instead of the 1-bit exchange, `local` sends the 1-bit momentum plus one fp32
-    allreduce of the workers' squared-gradient sums (`factored`: of their row and column sums only); the
+    allreduce of the workers' squared-gradient sums (`factored`: of their row and column sums only; `blocks`:
+    of their sums over 128 elements, in bfloat16, ~1/256 of the fp32 gradient); the
     other compression steps send the 1-bit momentum alone. 2 simulated workers equal 2 processes, bytes
     included."""
     extra = ("max_steps=20", "optim.variance_refresh=3", f"optim.refresh_from={source}")
@@ -80,7 +81,10 @@ def test_variance_refresh_steps_in_real_and_simulated_runs(tiny_data: Path, tmp_
             for step in (15, 18):
                 if source == "local":
                     assert per_step[step - 1] == pytest.approx(compressed + lamb_step, rel=1e-3), (run, step)
-                else:  # the matrices' rows and columns: a few thousand floats
+                elif source == "blocks":  # 2 bytes per 128 decayed elements against 4 per element
+                    extra = per_step[step - 1] - compressed
+                    assert lamb_step / 400 < extra < lamb_step / 200, (run, step)
+                else:  # factored, rank1: the matrices' rows and columns, a few thousand floats
                     assert compressed < per_step[step - 1] < compressed + lamb_step / 50, (run, step)
             assert [s for s, size in enumerate(per_step, 1) if size == compressed] == [13, 14, 16, 17, 19, 20]
     assert (

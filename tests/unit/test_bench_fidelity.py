@@ -53,3 +53,22 @@ def test_bert_large_exchange_bytes_stay_15_5x_below_fp16_with_per_row_scales():
     # 24 layers x (Q, K, V, O, FFN-in: 1,024 columns; FFN-out: 4,096) + the embedding rows, on top of per_row
     assert per_column.config["scale_segments"] - per_row.config["scale_segments"] >= 24 * 9216
     assert per_column.value > per_row.value
+
+
+def test_variance_refresh_bytes_local_over_the_budget_blocks_within():
+    """One refresh per 64 steps on top of the default exchange: `local`'s fp32 allreduce of every element
+    costs BERT-Large a third of its saving; `blocks`' bfloat16 sum per 128 elements and `rank1`'s row and
+    column sums keep it >= 15.5x."""
+    records = {record.name: record for record in byte_cost_records()}
+    exchange = records["bert_large_compression_bytes_per_column_exact_vectors_bfloat16_n64"]
+    local = records["bert_large_compression_bytes_default_refresh_local_k64_n64"]
+    blocks = records["bert_large_compression_bytes_default_refresh_blocks128_k64_n64"]
+    assert local.config["exchange_bytes"] == blocks.config["exchange_bytes"] == exchange.value
+    # local: 2·63/64 · 4 bytes · N / 64 per step, half again the exchange's bytes
+    assert local.config["refresh_bytes_per_step"] == pytest.approx(2 * 63 / 64 * 4 * 336.2e6 / 64, rel=0.01)
+    assert local.config["times_less_than_fp16"] == pytest.approx(10.46, abs=0.02)
+    assert blocks.config["times_less_than_fp16"] >= 15.5
+    assert blocks.config["refresh_bytes_per_step"] < local.config["refresh_bytes_per_step"] / 200
+    rank1 = records["bert_large_compression_bytes_default_refresh_rank1_k64_n64"]
+    assert rank1.config["times_less_than_fp16"] >= 15.5
+    assert rank1.config["refresh_bytes_per_step"] < blocks.config["refresh_bytes_per_step"]

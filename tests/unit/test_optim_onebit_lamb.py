@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 
 import pytest
@@ -476,6 +477,8 @@ def _nvlamb_reference(
     refresh=0,
     local=False,
     factored=False,
+    blocks=0,
+    rank1=False,
 ):
     """The nvlamb warmup and compression stage at n = 1 written out: LAMB with pre-normalized gradients;
     at the freeze m, v bias-corrected and the β2-EMA of the pre-normalization factor frozen; then
@@ -483,7 +486,10 @@ def _nvlamb_reference(
     on the others. `refresh` = K: at steps F+K, F+2K, … v ← β2^K·v + (1−β2^K)·(s·g)² before the step
     (the tensors whose variance is not live); `local`: the mean of (s·g)² over those K steps instead, on the
     tensors with weight decay; `factored`: the decayed matrix's v is its value at the first refresh
-    rescaled by how the EMAs of the row and column sums of those means moved since then."""
+    rescaled by how the EMAs of the row and column sums of those means moved since then; `blocks` = b: v of
+    the decayed tensor rescaled per block of b elements by the block's mean of those squares (rounded to
+    bfloat16 as sent) over its mean of v, a zero block set to the former; `rank1`: the decayed matrix's mean
+    squares rebuilt from their row and column sums, r·cᵀ/Σr, folded in as `local` folds them."""
     decays = [0.01, 0.0]
     m = [torch.zeros_like(p) for p in params]
     v = [torch.zeros_like(p) for p in params]
@@ -501,7 +507,7 @@ def _nvlamb_reference(
         for i, (p, g) in enumerate(zip(params, grads)):
             m[i] = 0.9 * m[i] + 0.1 * s * g
             refreshed = refresh and t > freeze_step and (t - freeze_step) % refresh == 0
-            if (local or factored) and t > freeze_step:
+            if (local or factored or blocks or rank1) and t > freeze_step:
                 squares[i] = squares[i] + (s * g) ** 2
             if factored and refreshed and decays[i] and p.dim() == 2:
                 mean = squares[i] / refresh
@@ -522,16 +528,32 @@ def _nvlamb_reference(
                     * f["r0"].sum()
                     / f["r"].sum()
                 )
+            elif rank1 and refreshed and decays[i] and p.dim() == 2:
+                mean, weight = squares[i] / refresh, 1 - 0.999**refresh
+                rows, cols = mean.sum(1), mean.sum(0)
+                v[i] = (1 - weight) * v[i] + weight * torch.outer(rows, cols) / rows.sum()
+            elif blocks and refreshed and decays[i]:
+                weight = 1 - 0.999**refresh
+                flat, ends = v[i].reshape(-1).clone(), [*range(0, p.numel(), blocks), p.numel()]
+                squared = squares[i].reshape(-1)
+                for lo, hi in itertools.pairwise(ends):
+                    observed = squared[lo:hi].sum().to(torch.bfloat16).float() / refresh
+                    current = flat[lo:hi].sum()
+                    if current > 0:
+                        flat[lo:hi] *= observed / current * weight + (1 - weight)
+                    else:
+                        flat[lo:hi] = observed * weight / (hi - lo)
+                v[i] = flat.view_as(v[i])
             elif (
                 refreshed
                 and not factored
                 and not (live_vectors and p.dim() == 1)
-                and not (local and not decays[i])
+                and not ((local or blocks or rank1) and not decays[i])
             ):
                 weight = 1 - 0.999**refresh
                 sample = squares[i] / refresh if local else (s * g) ** 2
                 v[i] = (1 - weight) * v[i] + weight * sample
-            if refreshed and (local or factored):
+            if refreshed and (local or factored or blocks or rank1):
                 squares[i] = torch.zeros_like(p)
             if t <= freeze_step:
                 v[i] = 0.999 * v[i] + 0.001 * (s * g) ** 2
@@ -657,18 +679,27 @@ def test_variance_refresh_from_local_squares_averages_the_k_steps():
     assert not torch.allclose(params[0].detach(), exact[0], rtol=1e-5, atol=1e-6)  # not the one-step sample
 
 
-def test_factored_variance_refresh_rescales_the_frozen_variance_by_rows_and_columns():
-    """refresh_from=factored at one process: the decayed matrix's v is the frozen one times how its row and
-    column sums of g² moved since the first refresh; the vector without decay keeps its frozen v."""
+def _refreshed_two_tensors(steps: int, grads_at=None, **options):
+    """The two tensors stepped `steps` times by `_nvlamb_two_tensor_optimizer(**options)`: (params, their
+    start values, their v at the freeze (step 3), the optimizer)."""
+    grads_at = grads_at or _big_grads
     params = [torch.nn.Parameter(t) for t in _two_tensors()]
     start = [p.detach().clone() for p in params]
-    optimizer = _nvlamb_two_tensor_optimizer(params, variance_refresh=2, refresh_from="factored")
-    for step in range(11):
-        for p, g in zip(params, _big_grads(step)):
+    optimizer = _nvlamb_two_tensor_optimizer(params, **options)
+    frozen = None
+    for step in range(steps):
+        for p, g in zip(params, grads_at(step)):
             p.grad = g.clone()
         optimizer.step()
         if step == 2:
             frozen = [optimizer.state[p]["exp_avg_sq"].clone() for p in params]
+    return params, start, frozen, optimizer
+
+
+def test_factored_variance_refresh_rescales_the_frozen_variance_by_rows_and_columns():
+    """refresh_from=factored at one process: the decayed matrix's v is the frozen one times how its row and
+    column sums of g² moved since the first refresh; the vector without decay keeps its frozen v."""
+    params, start, frozen, optimizer = _refreshed_two_tensors(11, variance_refresh=2, refresh_from="factored")
     assert torch.equal(optimizer.state[params[1]]["exp_avg_sq"], frozen[1])
     moved = optimizer.state[params[0]]["exp_avg_sq"] / frozen[0]
     assert not torch.allclose(moved, torch.ones_like(moved))  # rescaled, by an outer product of factors
@@ -678,13 +709,60 @@ def test_factored_variance_refresh_rescales_the_frozen_variance_by_rows_and_colu
         torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_rank1_variance_refresh_folds_in_the_squares_rebuilt_from_their_marginals():
+    """refresh_from=rank1 at one process: every 2nd compression step v of the decayed matrix takes
+    (1 − β2²)·r·cᵀ/Σr of the window's mean squares; the vector without weight decay keeps its frozen v."""
+    params, start, frozen, optimizer = _refreshed_two_tensors(10, variance_refresh=2, refresh_from="rank1")
+    assert torch.equal(optimizer.state[params[1]]["exp_avg_sq"], frozen[1])
+    expected = _nvlamb_reference([s.clone() for s in start], _big_grads, 3, 10, refresh=2, rank1=True)
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+    for other in (dict(local=True), dict(factored=True)):
+        differs = _nvlamb_reference([s.clone() for s in start], _big_grads, 3, 10, refresh=2, **other)
+        assert not torch.allclose(params[0].detach(), differs[0], rtol=1e-5, atol=1e-6)
+
+
+def _grads_with_a_late_block(step: int) -> list[torch.Tensor]:
+    """`_big_grads` with the matrix's first 5 elements zero until step 3: v is zero there at the freeze."""
+    grads = _big_grads(step)
+    if step < 3:
+        grads[0].view(-1)[:5] = 0.0
+    return grads
+
+
+def test_block_variance_refresh_rescales_each_block_of_v():
+    """refresh_from=blocks at one process, blocks of 5 (the 6x4 matrix: 4 of 5, 1 of 4): v keeps its shape
+    inside a block and takes the block's mean square; the block that was zero at the freeze takes that mean
+    flat; the vector without weight decay keeps its frozen v."""
+    params, start, frozen, optimizer = _refreshed_two_tensors(
+        9, _grads_with_a_late_block, variance_refresh=2, refresh_from="blocks", refresh_block=5
+    )
+    assert torch.equal(frozen[0].view(-1)[:5], torch.zeros(5))
+    assert torch.equal(optimizer.state[params[1]]["exp_avg_sq"], frozen[1])
+    moved = (optimizer.state[params[0]]["exp_avg_sq"] / frozen[0]).view(-1)[5:]
+    for block in moved.split(5):  # one factor per block, different between blocks
+        torch.testing.assert_close(block, block[:1].expand_as(block), rtol=1e-5, atol=0)
+    assert len({round(float(b[0]), 4) for b in moved.split(5)}) > 1
+    late = optimizer.state[params[0]]["exp_avg_sq"].view(-1)[:5]
+    assert (late > 0).all()
+    expected = _nvlamb_reference(
+        [s.clone() for s in start], _grads_with_a_late_block, 3, 9, refresh=2, blocks=5
+    )
+    for p, want in zip(params, expected):
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+    local = _nvlamb_reference(
+        [s.clone() for s in start], _grads_with_a_late_block, 3, 9, refresh=2, local=True
+    )
+    assert not torch.allclose(params[0].detach(), local[0], rtol=1e-5, atol=1e-6)  # not the per-element one
+
+
 def test_variance_refresh_needs_a_live_ratio_and_k_of_at_least_two():
     with pytest.raises(ValueError, match="variance_refresh"):
         OnebitLamb(_two_tensors(), freeze_step=2, variance_refresh=1, trust_ratio="live")
     with pytest.raises(ValueError, match="variance_refresh"):
         OnebitLamb(_two_tensors(), freeze_step=2, variance_refresh=4)  # trust_ratio=frozen
-    with pytest.raises(ValueError, match="refresh_from"):
-        OnebitLamb(_two_tensors(), freeze_step=2, trust_ratio="live", refresh_from="local")
+    with pytest.raises(ValueError, match="refresh_block"):
+        OnebitLamb(_two_tensors(), freeze_step=2, trust_ratio="live", variance_refresh=4, refresh_block=1)
 
 
 def test_nvlamb_warmup_moves_a_zero_bias_like_lamb_and_deepspeeds_does_not():

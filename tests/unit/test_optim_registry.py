@@ -70,7 +70,12 @@ def test_misspelt_key_fails_at_composition():
         (lambda: OnebitLambConfig(trust_ratio="frozen"), "optim.warmup nvlamb needs"),
         (lambda: OnebitLambConfig(variance_refresh=1), "optim.variance_refresh must be 0"),
         (lambda: OnebitLambConfig(variance_refresh=8, local_momentum=True), "optim.variance_refresh needs"),
-        (lambda: OnebitLambConfig(refresh_from="local"), "optim.refresh_from local needs"),
+        (lambda: OnebitLambConfig(refresh_block=1), "optim.refresh_block must be >= 2"),
+        # the default refreshes the variance (rank1, K = 64): DeepSpeed's frozen ratio needs it off
+        (
+            lambda: OnebitLambConfig(trust_ratio="frozen", warmup="deepspeed"),
+            "optim.variance_refresh=0 turns",
+        ),
         (lambda: OnebitAdamConfig(beta2=1.0), "optim.beta2"),
         (lambda: OnebitAdamConfig(name="onebit_lamb"), "optim.name"),
     ],

@@ -1,0 +1,105 @@
+"""`python -m bench gpu` (`make gpu-check`): its arithmetic, its exit on a machine without CUDA, and every
+check's code path at toy sizes on the CPU (`--cpu-smoke`); on a GPU machine `make gpu-check` runs it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import gpu
+
+
+def test_training_flops_of_bert_large_at_seq_128():
+    # by hand: 24 layers x (8·1024² + 4·1024·4096 + 4·128·1024) per token, 128 tokens; MLM head on 20
+    # masked tokens 2·(1024² + 1024·30522) each; pooler 2·1024², NSP 4·1024; times 3 (forward + backward)
+    per_token = 24 * (8 * 1024**2 + 4 * 1024 * 4096 + 4 * 128 * 1024)
+    forward = 128 * per_token + 20 * 2 * (1024**2 + 1024 * 30522) + 2 * 1024**2 + 4 * 1024
+    assert gpu.training_flops(128, 20) == 3 * forward
+    # NVIDIA's 580 samples/s on an A100 (312 TFLOP/s) is 45 % MFU under this formula
+    assert 580 * gpu.training_flops(128, 20) / 312e12 == pytest.approx(0.448, abs=0.002)
+
+
+def test_peak_tflops_by_device_name():
+    assert gpu.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert gpu.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert gpu.peak_tflops("NVIDIA H200") == 989.0
+    assert gpu.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert gpu.peak_tflops("Some Future GPU") is None
+
+
+def test_without_cuda_it_says_so_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gpu.main([f"--out={tmp_path}"])
+    assert "no CUDA device" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_step_is_refused():
+    with pytest.raises(SystemExit, match="unknown --steps"):
+        gpu.main(["--cpu-smoke", "--steps=packer,bogus"])
+
+
+def test_packer_and_allreduce_checks_pass_on_the_cpu(tmp_path):
+    gpu.main(["--cpu-smoke", "--steps=packer,allreduce", f"--out={tmp_path}"])
+    records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
+    assert records["packer_cases_differing"]["value"] == 0
+    assert records["packer_cases_differing"]["config"]["cases"] == 2 * len(gpu.packer_lengths(smoke=True))
+    for n in (8, 64):
+        for exchange in ("deepspeed", "default"):
+            record = records[f"allreduce_n{n}_{exchange}_vs_reference"]
+            assert record["value"] == 0.0 and record["config"]["bitwise_equal_calls"] == 3
+            assert record["config"]["relative_l2"] == 0.0
+        assert records[f"allreduce_n{n}_single_per_worker"]["ratio"] > 0
+
+
+def test_a_wrong_packer_fails_the_check(tmp_path, monkeypatch):
+    """The check compares bytes for real: a packer that flips one bit is caught and the exit status is 1."""
+    from pretrain.comm import packing
+
+    original = packing.TorchSignPacker.pack
+
+    def flipped(self, values, *, out=None):
+        packed = original(self, values, out=out)
+        packed[0] ^= 1
+        return packed
+
+    monkeypatch.setattr(packing.TorchSignPacker, "pack", flipped)
+    with pytest.raises(SystemExit) as exit_info:
+        gpu.main(["--cpu-smoke", "--steps=packer", f"--out={tmp_path}"])
+    assert exit_info.value.code == 1
+    records = json.loads((tmp_path / "gpu_smoke.json").read_text())
+    assert records[0]["name"] == "packer_cases_differing" and records[0]["value"] > 0
+
+
+@pytest.mark.slow
+def test_optim_throughput_and_pipeline_checks_run_on_the_cpu(tmp_path, tiny_data, monkeypatch):
+    monkeypatch.setenv("GPU_CHECK_DATA", str(tiny_data))
+    gpu.main(["--cpu-smoke", "--steps=optim,throughput,pipeline", f"--out={tmp_path}"])
+    records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
+    for name in ("lamb_eager_step", "lamb_compiled_step", "onebit_lamb_compiled_compression_step"):
+        assert records[name]["peer"] == "torch.optim.AdamW(fused=True)" and records[name]["ratio"] > 0
+    assert records["toy_seq32_compiled_samples_per_s"]["value"] > 0
+    assert records["pipeline_resume_to_step_30"]["config"]["exit_code"] == 0
+    assert records["pipeline_finetune_mrpc"]["config"]["exit_code"] == 0
+
+
+def test_ddp_buffer_keyword_matches_the_installed_torch(monkeypatch):
+    """torch 2.13 names it forward_sync_buffers, earlier releases broadcast_buffers (the GPU check's first
+    run died on torch 2.11 refusing the new name)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from pretrain import distributed
+
+    (keyword,) = distributed.no_buffer_sync()
+    assert keyword in inspect.signature(DistributedDataParallel.__init__).parameters
+
+    class OldDDP:
+        def __init__(self, module, device_ids=None, broadcast_buffers=True):
+            pass
+
+    monkeypatch.setattr(distributed, "DistributedDataParallel", OldDDP)
+    assert distributed.no_buffer_sync() == {"broadcast_buffers": False}
