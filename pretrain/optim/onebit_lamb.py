@@ -266,6 +266,7 @@ class OnebitLamb(OnebitOptimizer):
         # refresh_from local / blocks / factored: Σ g_w² (or row and column sums) per worker since the last
         # refresh
         self._square_sums: Tensor | None = None
+        self._factored: list[int] | None = None  # `_factored_positions`, once computed
         self._last_live_coeffs: dict[int, Any] = {}  # `live`: the last step's coefficients, per group
         self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
 
@@ -461,20 +462,21 @@ class OnebitLamb(OnebitOptimizer):
 
     def _compression_step(self, grads: list[Tensor]) -> None:
         (segment,) = self._segments or []
-        refresh = self._exact_step_next()  # read before the step, as the trainer did
+        refresh_now = self._refresh_next()  # read before the step, as the trainer did
+        refresh = refresh_now and self.refresh_from is RefreshFrom.exact
         self._scale_gradients(None if refresh else segment.local, grads)
         live = self._live_variance_positions(segment)
         if self.variance_refresh and self.refresh_from in (RefreshFrom.local, RefreshFrom.blocks):
             self._accumulate_squares(segment, grads)
-            if self._refresh_next() and self.refresh_from is RefreshFrom.local:
+            if refresh_now and self.refresh_from is RefreshFrom.local:
                 self._refresh_from_squares(segment, live)
-            elif self._refresh_next():
+            elif refresh_now:
                 self._refresh_from_blocks(segment, live)
         elif self.variance_refresh and self.refresh_from in (RefreshFrom.factored, RefreshFrom.rank1):
             self._accumulate_marginals(segment, grads)
-            if self._refresh_next() and self.refresh_from is RefreshFrom.factored:
+            if refresh_now and self.refresh_from is RefreshFrom.factored:
                 self._refresh_factored(segment)
-            elif self._refresh_next():
+            elif refresh_now:
                 self._refresh_rank1(segment)
         previous = [segment.views[i].clone() for i in live]  # m̂ₜ₋₁ of the exactly averaged tensors
         if refresh:
@@ -482,6 +484,25 @@ class OnebitLamb(OnebitOptimizer):
         else:
             self._compression_update(segment, grads)
         self._update_live_variance(segment, live, previous)
+
+    def _refresh_targets(self, live: list[int], decayed_only: bool) -> list[tuple[dict[str, Any], int]]:
+        """(group, segment position) of each tensor a refresh folds into v: not live already and, with
+        ``decayed_only`` (the workers' own squares: no trust ratio to cancel their extra noise otherwise),
+        with weight decay."""
+        skip = set(live)
+        return [
+            (group, i)
+            for group, span in self._group_slices()
+            if not (decayed_only and group["weight_decay"] == 0.0)
+            for i in range(span.start, span.stop)
+            if i not in skip
+        ]
+
+    @staticmethod
+    def _set_divisor(divisors: list[Tensor] | None, i: int, exp_avg_sq: Tensor, eps: float) -> None:
+        """The preconditioned exchange's divisor of tensor ``i`` follows its refreshed v: √v + ε."""
+        if divisors is not None:
+            torch.sqrt(exp_avg_sq, out=divisors[i]).add_(eps)
 
     def _accumulate_squares(self, segment: Any, grads: list[Tensor]) -> None:
         """refresh_from=local: Σ g_w² += g_w² for each of this process's workers (its own gradients)."""
@@ -503,18 +524,11 @@ class OnebitLamb(OnebitOptimizer):
         rows = sums if sums.dim() == 2 else sums.unsqueeze(0)
         mean = worker_order_mean(rows, self.group, self.num_processes, self.traffic)
         views = segment.views_of(mean.div_(self.variance_refresh))
-        skip, divisors = set(live), segment.divisors
-        for group, span in self._group_slices():
-            if group["weight_decay"] == 0.0:  # no trust ratio to cancel the workers' extra noise
-                continue
+        for group, i in self._refresh_targets(live, decayed_only=True):
             weight = 1.0 - group["betas"][1] ** self.variance_refresh
-            for i in range(span.start, span.stop):
-                if i in skip:
-                    continue
-                exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
-                exp_avg_sq.mul_(1.0 - weight).add_(views[i], alpha=weight)
-                if divisors is not None:
-                    torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
+            exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
+            exp_avg_sq.mul_(1.0 - weight).add_(views[i], alpha=weight)
+            self._set_divisor(segment.divisors, i, exp_avg_sq, group["eps"])
         sums.zero_()
 
     def _refresh_from_blocks(self, segment: Any, live: list[int]) -> None:
@@ -523,14 +537,8 @@ class OnebitLamb(OnebitOptimizer):
         sums = self._square_sums
         assert sums is not None
         rows = sums if sums.dim() == 2 else sums.unsqueeze(0)
-        skip, block = set(live), self.refresh_block
-        refreshed = [
-            (group, i)
-            for group, span in self._group_slices()
-            if group["weight_decay"] != 0.0  # as `local`: no trust ratio to cancel the workers' extra noise
-            for i in range(span.start, span.stop)
-            if i not in skip
-        ]
+        block = self.refresh_block
+        refreshed = self._refresh_targets(live, decayed_only=True)
         per_worker = []
         for row in rows:
             views = segment.views_of(row)
@@ -539,7 +547,7 @@ class OnebitLamb(OnebitOptimizer):
         stacked = torch.nn.functional.pad(stacked, (0, -stacked.shape[1] % self.num_processes))
         mean = worker_order_mean(stacked, self.group, self.num_processes, self.traffic, torch.bfloat16)
         mean.div_(self.variance_refresh)
-        divisors, start = segment.divisors, 0
+        start = 0
         for group, i in refreshed:
             exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
             numel = exp_avg_sq.numel()
@@ -553,16 +561,18 @@ class OnebitLamb(OnebitOptimizer):
             empty = torch.where(current > 0, 0.0, observed * weight / counts)  # a zero block takes M_b
             flat = exp_avg_sq.view(-1)
             flat.mul_(factor.repeat_interleave(block)[:numel]).add_(empty.repeat_interleave(block)[:numel])
-            if divisors is not None:
-                torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
+            self._set_divisor(segment.divisors, i, exp_avg_sq, group["eps"])
         sums.zero_()
 
     def _factored_positions(self, segment: Any) -> list[int]:
-        """refresh_from=factored: the matrices with weight decay, in segment order."""
-        decayed = {
-            id(p) for group in self.param_groups if group["weight_decay"] != 0.0 for p in group["params"]
-        }
-        return [i for i, p in enumerate(segment.params) if p.dim() == 2 and id(p) in decayed]
+        """refresh_from=factored/rank1: the matrices with weight decay, in segment order (computed once: the
+        one segment and the groups are fixed after construction)."""
+        if self._factored is None:
+            decayed = {
+                id(p) for group in self.param_groups if group["weight_decay"] != 0.0 for p in group["params"]
+            }
+            self._factored = [i for i, p in enumerate(segment.params) if p.dim() == 2 and id(p) in decayed]
+        return self._factored
 
     def _marginal_views(self, flat: Tensor, segment: Any) -> list[tuple[Tensor, Tensor]]:
         """Per factored matrix [R, C]: views of its R row sums and C column sums in `flat`."""
@@ -615,8 +625,7 @@ class OnebitLamb(OnebitOptimizer):
             exp_avg_sq = state["exp_avg_sq"]
             torch.mul(state["exp_avg_sq_base"], row_factor.mul_(total).unsqueeze(1), out=exp_avg_sq)
             exp_avg_sq.mul_(col_factor.unsqueeze(0))
-            if divisors is not None:
-                torch.sqrt(exp_avg_sq, out=divisors[i]).add_(eps[id(param)])
+            self._set_divisor(divisors, i, exp_avg_sq, eps[id(param)])
         self._square_sums.zero_()
 
     def _refresh_rank1(self, segment: Any) -> None:
@@ -635,26 +644,19 @@ class OnebitLamb(OnebitOptimizer):
             estimate = torch.outer(rows, cols).div_(rows.sum().clamp(min=1e-30))  # no gradient at all: 0
             exp_avg_sq = self.state[param]["exp_avg_sq"]
             exp_avg_sq.mul_(1.0 - weight).add_(estimate, alpha=weight)
-            if divisors is not None:
-                torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
+            self._set_divisor(divisors, i, exp_avg_sq, group["eps"])
         self._square_sums.zero_()
 
     def _refresh_update(self, segment: Any, grads: list[Tensor], live: list[int]) -> None:
         """`variance_refresh` (module docstring): on exactly averaged gradients, m ← β1·m + (1−β1)·ḡ,
         v ← β2^K·v + (1−β2^K)·ḡ² where v is not live already (divisors follow), then the live-ratio step."""
-        skip = set(live)
-        divisors = segment.divisors
         for group, span in self._group_slices():
-            beta1, beta2 = group["betas"]
-            F.local_momentum_(segment.views[span], grads[span], beta1=beta1)
-            weight = 1.0 - beta2**self.variance_refresh
-            for i in range(span.start, span.stop):
-                if i in skip:
-                    continue
-                exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
-                exp_avg_sq.mul_(1.0 - weight).addcmul_(grads[i], grads[i], value=weight)
-                if divisors is not None:
-                    torch.sqrt(exp_avg_sq, out=divisors[i]).add_(group["eps"])
+            F.local_momentum_(segment.views[span], grads[span], beta1=group["betas"][0])
+        for group, i in self._refresh_targets(live, decayed_only=False):
+            weight = 1.0 - group["betas"][1] ** self.variance_refresh
+            exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
+            exp_avg_sq.mul_(1.0 - weight).addcmul_(grads[i], grads[i], value=weight)
+            self._set_divisor(segment.divisors, i, exp_avg_sq, group["eps"])
         self._apply_masks()
         for group, span in self._group_slices():
             self._compressed_update(group, segment.views[span])
