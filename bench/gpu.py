@@ -533,9 +533,11 @@ def check_optim(ctx: Context) -> list[Record]:
 def _pretraining_batch(micro: int, seq: int, masked: int, vocab: int, device: torch.device) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seq)
     labels = torch.full((micro, seq), -100, dtype=torch.long)
+    mlm_positions = torch.zeros(micro, masked, dtype=torch.long)  # as the collator gives them
     for row in range(micro):
         positions = torch.randperm(seq - 2, generator=generator)[:masked] + 1
         labels[row, positions] = torch.randint(vocab, (masked,), generator=generator)
+        mlm_positions[row] = positions.sort().values
     token_type_ids = torch.zeros(micro, seq, dtype=torch.long)
     token_type_ids[:, seq // 2 :] = 1
     batch = {
@@ -544,6 +546,7 @@ def _pretraining_batch(micro: int, seq: int, masked: int, vocab: int, device: to
         "attention_mask": torch.ones(micro, seq, dtype=torch.long),
         "labels": labels,
         "next_sentence_label": torch.randint(2, (micro,), generator=generator),
+        "mlm_positions": mlm_positions,
     }
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -709,7 +712,8 @@ def _kernel_profile(ctx: Context, step: Callable[[], None], steps: int) -> tuple
 
 def check_profile(ctx: Context) -> list[Record]:
     """Where BERT-Large's seq-128 step spends its time (opt-in: `--steps=profile`): ablations that each
-    remove one suspect (the padding mask that keeps SDPA off its flash kernel, dropout), eager and compiled,
+    remove one suspect (the padding mask that keeps SDPA off its flash kernel, dropout) or put back the
+    boolean-index gather of the masked positions (`boolean_index`), eager and compiled,
     and the compiled step's kernels by class (matmul, attention, Triton-fused, other) with the top 25 in
     gpu_profile.txt beside gpu.json."""
     from pretrain.model import ModelConfig, ModelSize, PretrainingObjective, build_model
@@ -721,6 +725,9 @@ def check_profile(ctx: Context) -> list[Record]:
     reps = 2 if ctx.smoke else 10
     batch = _pretraining_batch(micro, seq, masked, 30522, ctx.device)
     no_mask = {**batch, "attention_mask": None}
+    # the masked positions gathered by a boolean index (data-dependent shape: a host sync on the GPU and a
+    # graph break), as before the collator's static mlm_positions
+    boolean_index = {k: v for k, v in batch.items() if k != "mlm_positions"}
     models = {
         "dropout": build_model(ModelConfig(size=size), 30522, ctx.device).train(),
         "no_dropout": build_model(
@@ -737,9 +744,10 @@ def check_profile(ctx: Context) -> list[Record]:
             ("dropout", no_mask, "no_mask"),
             ("no_dropout", batch, "no_dropout"),
             ("no_dropout", no_mask, "no_mask_no_dropout"),
+            ("dropout", boolean_index, "boolean_index"),
         ]
-        if mode == "compiled":  # each compile costs ~40 s on an H200: the baseline and both removed
-            variants = [variants[0], variants[3]]
+        if mode == "compiled":  # each compile costs ~40 s on an H200: the baseline, both removed, the index
+            variants = [variants[0], variants[3], variants[4]]
         for model_key, inputs, label in variants:
             if ctx.left() < (15 if mode == "eager" else 90) and not ctx.smoke:
                 ctx.fail(f"profile: {mode} {label} not run, {ctx.left():.0f} s of --budget-s left")

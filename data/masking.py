@@ -212,11 +212,14 @@ def mask_instance_static(
 class MaskingCollator:
     """Collates `PretrainingDataset` samples into `BertForPreTraining.forward` keyword arguments.
 
-    Output (B = number of samples, L = max_seq_length, every tensor torch.long):
+    Output (B = number of samples, L = max_seq_length, P = max_predictions, every tensor torch.long):
         input_ids (B, L), token_type_ids (B, L), attention_mask (B, L), labels (B, L),
-        next_sentence_label (B,).
+        next_sentence_label (B,), mlm_positions (B, P).
     Padding always reaches L (static shapes for torch.compile); padding has attention 0, token type 0
-    and label -100. labels hold the original id at masked positions and -100 elsewhere.
+    and label -100. labels hold the original id at masked positions and -100 elsewhere. mlm_positions
+    lists each row's masked positions, ascending, then 0 (the [CLS] position, whose label is always
+    -100) up to P: the model gathers the masked positions with this static shape instead of a boolean
+    index, whose data-dependent shape syncs a GPU with the host (NVIDIA's `masked_lm_positions`).
 
     Samples carrying `masked_lm_positions`/`masked_lm_ids` (static masking) are used as they are;
     others are masked here with `np.random.default_rng([seed, epoch, index])`.
@@ -314,6 +317,7 @@ class MaskingCollator:
         lengths = np.empty(batch_size, dtype=np.int64)
         num_a_tokens = np.empty(batch_size, dtype=np.int64)
         next_sentence_label = np.empty(batch_size, dtype=np.int64)
+        mlm_positions = np.zeros((batch_size, self.max_predictions), dtype=np.int64)
         for row, sample in enumerate(samples):
             ids = np.asarray(sample["input_ids"], dtype=np.int64)
             if len(ids) > length:
@@ -324,8 +328,14 @@ class MaskingCollator:
                 original_ids = np.asarray(sample["masked_lm_ids"], dtype=np.int64)
             else:
                 masked_ids, positions, original_ids = self.mask_sample(ids, sample["epoch"], sample["index"])
+            if len(positions) > self.max_predictions:
+                raise DataError(
+                    f"sample {sample.get('index')}: {len(positions)} masked positions > max_predictions "
+                    f"{self.max_predictions} (the manifest's max_predictions_per_seq)"
+                )
             input_ids[row, : len(ids)] = masked_ids
             labels[row, positions] = original_ids
+            mlm_positions[row, : len(positions)] = np.sort(positions)
             lengths[row] = len(ids)
             num_a_tokens[row] = sample["num_a_tokens"]
             next_sentence_label[row] = sample["next_sentence_label"]
@@ -338,4 +348,5 @@ class MaskingCollator:
             "attention_mask": torch.from_numpy(attention_mask.astype(np.int64)),
             "labels": torch.from_numpy(labels),
             "next_sentence_label": torch.from_numpy(next_sentence_label),
+            "mlm_positions": torch.from_numpy(mlm_positions),
         }

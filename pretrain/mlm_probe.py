@@ -74,7 +74,8 @@ def shuffle_words(batch: dict[str, Tensor], special: Tensor, generator: torch.Ge
             where = torch.nonzero(words & (batch["token_type_ids"][row] == segment)).flatten()
             order = where[torch.randperm(len(where), generator=generator)]
             ids[row, where], labels[row, where] = ids[row, order], labels[row, order]
-    return {**batch, "input_ids": ids, "labels": labels}
+    kept = {key: value for key, value in batch.items() if key != "mlm_positions"}  # the labels moved
+    return {**kept, "input_ids": ids, "labels": labels}
 
 
 def most_frequent_share(batch: dict[str, Tensor]) -> float:

@@ -71,6 +71,12 @@ class PretrainingObjective(nn.Module):
     for a fraction of the decoder's FLOPs and memory. DDP wraps this module, so its forward is what
     runs under the gradient-sync hooks. Returns (mlm_loss, nsp_loss, mlm_correct, mlm_count); the loss
     is the sum HF computes when given labels.
+
+    With ``mlm_positions`` ([B, P], the collator's: each row's masked positions, then 0, whose label is
+    -100) the positions are gathered with that static shape; without it, with a boolean index. Same loss
+    and gradients up to the reduction's summation order, but the boolean index has a data-dependent
+    shape: on a GPU it waits for the host and splits a compiled graph in two (16% of BERT-Large's
+    compiled seq-128 step idle on an H200, README "On a GPU").
     """
 
     def __init__(self, model: BertForPreTraining):
@@ -84,6 +90,7 @@ class PretrainingObjective(nn.Module):
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
         next_sentence_label: torch.Tensor,
+        mlm_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         sequence_output, pooled_output = self.model.bert(
             input_ids=input_ids,
@@ -91,11 +98,16 @@ class PretrainingObjective(nn.Module):
             attention_mask=attention_mask,
             return_dict=False,
         )[:2]
-        masked = labels != -100
-        logits = self.model.cls.predictions(sequence_output[masked]).float()
-        targets = labels[masked]
-        mlm_loss = nn.functional.cross_entropy(logits, targets)
+        if mlm_positions is None:
+            masked = labels != -100
+            hidden, targets = sequence_output[masked], labels[masked]
+        else:
+            index = mlm_positions.unsqueeze(-1).expand(-1, -1, sequence_output.shape[-1])
+            hidden = sequence_output.gather(1, index).flatten(0, 1)
+            targets = labels.gather(1, mlm_positions).flatten()
+        logits = self.model.cls.predictions(hidden).float()
+        mlm_loss = nn.functional.cross_entropy(logits, targets)  # the padding's -100 is ignored
         nsp_logits = self.model.cls.seq_relationship(pooled_output).float()
         nsp_loss = nn.functional.cross_entropy(nsp_logits, next_sentence_label)
-        correct = (logits.detach().argmax(dim=-1) == targets).sum()
-        return mlm_loss, nsp_loss, correct, masked.sum()
+        correct = (logits.detach().argmax(dim=-1) == targets).sum()  # never true at a -100
+        return mlm_loss, nsp_loss, correct, (targets != -100).sum()

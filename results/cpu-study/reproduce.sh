@@ -41,8 +41,9 @@
 #             conf/batch/cpu_study_s32.yaml on the sample at seq 32 (data=sample_8k_s32): 3,200 steps, 2,560 of
 #             them compressed, where LAMB leaves the unigram stage (> 25% masked-LM accuracy); reported apart in
 #             results/cpu-study-s32/ (S32_ARMS="<arms>", WORKERS="<workers>" for subsets)
-#   s32_finetune  the seq-32 runs' final checkpoints and the randomly initialised model (the floor) on SST-2's
-#             full training set at length 32, the pretraining length (1 epoch, LR 1e-4), seed = the run's
+#   s32_finetune  the seq-32 main arms' final checkpoints (S32_FT_ARMS="<arms>", WORKERS="<workers>" for
+#             subsets) and the randomly initialised model (the floor) on SST-2's full training set at length
+#             32, the pretraining length (1 epoch, LR 1e-4), seed = the run's
 #   arms      any arms of the table below: ARMS="<arms>" at WORKERS (default n2) for SEEDS with the recipe BATCH
 #             (default cpu_study_b128); not in the default STAGES
 #   report    keep the runs' small files in results/cpu-study/runs/, compare, records
@@ -244,10 +245,14 @@ if stage s32; then  # seq 32: LAMB past the unigram stage on 2 cores (conf/batch
     done
   done
 fi
-if stage s32_finetune; then
+if stage s32_finetune; then  # the main comparison's arms (S32_FT_ARMS="<arms>": others) at n2 and sim32
   random=$(random_init)
   for seed in $SEEDS; do
-    for run in "$random" results/runs/cpu-study-s32-*-s"$seed"; do
+    runs=("$random")
+    for arm in ${S32_FT_ARMS:-lamb remedy_nv_lv_k64 remedy_nv_lv deepspeed}; do
+      for workers in ${WORKERS:-n2 sim32}; do runs+=("results/runs/cpu-study-s32-$arm-$workers-s$seed"); done
+    done
+    for run in "${runs[@]}"; do
       [[ $run == "$random" || -f $run/summary.json ]] || continue
       [[ $run != "$random" ]] && diverged "$run" && continue
       out=$run/finetune/final/sst2-len32$([[ $run == "$random" ]] && echo "-s$seed")

@@ -193,10 +193,13 @@ def test_collator_output_contract():
     rng = np.random.default_rng(6)
     samples = [sample(rng, index) for index in range(16)]
     batch = make_collator()(samples)
-    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"}
+    assert set(batch) == {
+        "input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label", "mlm_positions"
+    }  # fmt: skip
     for name in ("input_ids", "token_type_ids", "attention_mask", "labels"):
         assert batch[name].shape == (16, 128) and batch[name].dtype == torch.long
     assert batch["next_sentence_label"].shape == (16,) and batch["next_sentence_label"].dtype == torch.long
+    assert batch["mlm_positions"].shape == (16, 20) and batch["mlm_positions"].dtype == torch.long
     for row, item in enumerate(samples):
         length, num_a = len(item["input_ids"]), item["num_a_tokens"]
         original = torch.from_numpy(item["input_ids"].astype(np.int64))
@@ -209,6 +212,10 @@ def test_collator_output_contract():
         masked_positions = torch.nonzero(labels != IGNORE_INDEX).flatten()
         assert 1 <= len(masked_positions) <= 20
         assert torch.equal(labels[masked_positions], original[masked_positions])
+        # the static list: the masked positions ascending, then 0 (label -100) up to max_predictions
+        listed = batch["mlm_positions"][row]
+        assert torch.equal(listed[: len(masked_positions)], masked_positions)
+        assert (listed[len(masked_positions) :] == 0).all() and labels[0] == IGNORE_INDEX
         # every position that differs from the input carries a label
         changed = torch.nonzero(ids[:length] != original).flatten()
         assert set(changed.tolist()) <= set(masked_positions.tolist())
@@ -240,6 +247,23 @@ def test_collator_uses_static_masks_when_present():
     batch = make_collator(max_seq_length=8)([item])
     assert batch["input_ids"][0].tolist() == [CLS, MASK, 9, SEP, 10, MASK, SEP, PAD]
     assert batch["labels"][0].tolist() == [-100, 7, -100, -100, -100, 11, -100, -100]
+    assert batch["mlm_positions"][0].tolist() == [1, 5] + [0] * 18
+
+
+def test_collator_rejects_more_masked_positions_than_max_predictions():
+    """Static masks prepared with a larger max_predictions_per_seq than the collator's: one line naming
+    the sample, not a silently dropped label."""
+    item = {
+        "input_ids": np.array([CLS, MASK, MASK, SEP, MASK, SEP], dtype=np.uint16),
+        "num_a_tokens": 4,
+        "next_sentence_label": 0,
+        "index": 17,
+        "epoch": 0,
+        "masked_lm_positions": np.array([1, 2, 4], dtype=np.int16),
+        "masked_lm_ids": np.array([7, 8, 9]),
+    }
+    with pytest.raises(ValueError, match=r"sample 17: 3 masked positions > max_predictions 2"):
+        make_collator(max_seq_length=8, max_predictions=2)([item])
 
 
 def test_collator_rejects_too_long_samples():
