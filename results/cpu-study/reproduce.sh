@@ -255,7 +255,8 @@ if stage s32_finetune; then  # the main comparison's arms (S32_FT_ARMS="<arms>":
     for run in "${runs[@]}"; do
       [[ $run == "$random" || -f $run/summary.json ]] || continue
       [[ $run != "$random" ]] && diverged "$run" && continue
-      out=$run/finetune/final/sst2-len32$([[ $run == "$random" ]] && echo "-s$seed")
+      out=$run/finetune/final/sst2-len32  # (a `$(... && echo)` here ended the script under set -e)
+      if [[ $run == "$random" ]]; then out+="-s$seed"; fi
       [[ -f $out/all_results.json ]] || OMP_NUM_THREADS=2 $PY -m finetune task=sst2 model_path="$run" \
         output_dir="$out" task.lr=1e-4 task.epochs=1 task.max_length=32 "seeds=[$seed]" wandb.mode=disabled \
         show_progress=false
