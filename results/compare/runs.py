@@ -180,7 +180,11 @@ def _variant(optim: dict[str, Any]) -> str:
     defaults = dict(_VARIANT_DEFAULTS)
     if optim.get("warmup") == "nvlamb":
         defaults["eps"] = 1e-6
+    # without a refresh its source and block size do nothing (the default source is rank1): no variant
+    inert = set() if optim.get("variance_refresh") else {"refresh_from", "refresh_block"}
     for key, default in defaults.items():
+        if key in inert:
+            continue
         value = optim.get(key, default)
         if value != default:
             parts.append(key if value is True else f"{key}={value}")

@@ -489,6 +489,19 @@ def test_the_nvlamb_warmup_names_its_arm_without_its_own_eps(tmp_path: Path):
     assert "eps=1e-08" in runs["nv-eps-s1"].arm
 
 
+def test_the_refresh_source_names_no_arm_without_a_refresh(tmp_path: Path):
+    """DeepSpeed's algorithm run before and after the default refresh source changed (variance_refresh=0 in
+    both) is one arm; with a refresh the source names it."""
+    write_run(tmp_path, "ds-s1", "onebit_lamb", 1, ONEBIT_1, optim={"compression": "deepspeed"})
+    pinned = {"compression": "deepspeed", "variance_refresh": 0, "refresh_from": "rank1"}
+    write_run(tmp_path, "ds-s2", "onebit_lamb", 2, ONEBIT_2, optim=pinned)
+    refreshed = {"compression": "per_row", "variance_refresh": 64, "refresh_from": "rank1"}
+    write_run(tmp_path, "k64-s1", "onebit_lamb", 1, ONEBIT_1, optim=refreshed)
+    runs = {run.name: run for run in load_local_runs(["*"], root=tmp_path)}
+    assert runs["ds-s1"].arm == runs["ds-s2"].arm == "onebit_lamb n2"
+    assert runs["k64-s1"].arm == "onebit_lamb[per_row+variance_refresh=64+refresh_from=rank1] n2"
+
+
 def test_a_diverged_run_is_named_and_left_out_of_the_means(tmp_path: Path):
     write_run(tmp_path, "lamb-s1", "lamb", 1, LAMB_1)
     write_run(tmp_path, "onebit-s1", "onebit_lamb", 1, ONEBIT_1)
