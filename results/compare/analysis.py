@@ -189,6 +189,7 @@ def run_summary(run: Run, target: Target, smoothing: float, window: int) -> dict
         "freeze_step": run.freeze_step,
         "command": run.command,
         "config_note": run.config_note,
+        "finetune_notes": list(run.finetune_notes),
         "steps": int(last["step"]),
         "diverged": diverged(run),
         "samples_seen": samples,

@@ -137,6 +137,7 @@ def render(summary: dict[str, Any], *, study: str, invocation: str, figures: lis
             "",
         ]
     notes = [f"- {r['name']}: {r['config_note']}" for r in summary["runs"] if r["config_note"]]
+    notes += [f"- {r['name']}: {note}" for r in summary["runs"] for note in r.get("finetune_notes", [])]
     notes += [f"- {g['label']}: {note}" for g in summary["groups"] for note in g["notes"]]
     if notes:
         parts += ["## Notes", "", *notes, ""]

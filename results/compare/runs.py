@@ -42,6 +42,7 @@ class FinetuneResult:
     scores: dict[str, float]  # fine-tune seed -> main metric
     checkpoint: str | None = None
     source: str = ""
+    recipe: str = ""  # the fine-tune's hyperparameters when recorded, e.g. "lr 0.001, 1 epoch(s), length 32"
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Run:
     variant: str = ""  # the 1-bit exchange when not DeepSpeed's defaults, e.g. "per_row+exact_vectors"
     workers: int | None = None  # data-parallel workers (processes x simulated workers per process)
     simulated: bool = False  # some of the workers were simulated (sim_world_size > 1)
+    finetune_notes: list[str] = field(default_factory=list)  # e.g. one checkpoint fine-tuned with two recipes
 
     @property
     def arm(self) -> str:
@@ -137,7 +139,7 @@ def load_run_folder(folder: Path) -> Run:
         workers=config.get("workers"),
         simulated=bool(config.get("simulated", False)),
     )
-    run.finetunes = load_finetune_results(folder)
+    run.finetunes = load_finetune_results(folder, notes=run.finetune_notes)
     return run
 
 
@@ -333,17 +335,42 @@ def _relative(path: Path, root: Path) -> str:
 
 
 # -- fine-tune results -----------------------------------------------------------------------------------
-def load_finetune_results(folder: Path) -> list[FinetuneResult]:
+def load_finetune_results(folder: Path, notes: list[str] | None = None) -> list[FinetuneResult]:
     """Every `<folder>/finetune/**/all_results.json` (old layout `<task>/`, new `<checkpoint>/<task>/`).
-    Two files for one (task, checkpoint samples): the newer file wins."""
+    Two files for one (task, checkpoint samples): the newer file wins; when their recipes differ (another LR,
+    epochs, length or batch), a line saying which one is reported goes to `notes`, since the report would
+    otherwise mix recipes without a word."""
     found: dict[tuple[str, int | None], tuple[float, FinetuneResult]] = {}
     for path in sorted((folder / "finetune").rglob("all_results.json")):
         result = read_finetune_result(path)
         key = (result.task, result.samples_seen)
         mtime = path.stat().st_mtime
-        if key not in found or mtime >= found[key][0]:
+        other = found.get(key)
+        if other is not None and notes is not None and other[1].recipe != result.recipe:
+            newer, older = (result, other[1]) if mtime >= other[0] else (other[1], result)
+            notes.append(
+                f"{result.task} fine-tuned twice from one checkpoint with different recipes: reported "
+                f"{newer.source} ({newer.recipe or 'recipe not recorded'}), not {older.source} "
+                f"({older.recipe or 'recipe not recorded'})"
+            )
+        if other is None or mtime >= other[0]:
             found[key] = (mtime, result)
     return [result for _, result in found.values()]
+
+
+def _recipe(payload: dict[str, Any]) -> str:
+    """The fine-tune's hyperparameters from its `config.task` (finetune/runner.py), or "" when absent."""
+    config = payload.get("config")
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(task, dict):
+        return ""
+    labels = {"lr": "lr", "epochs": "epochs", "max_length": "length", "batch_size": "batch"}
+    parts = [
+        f"{label} {task[key]:g}" if isinstance(task[key], float) else f"{label} {task[key]}"
+        for key, label in labels.items()
+        if key in task
+    ]
+    return ", ".join(parts)
 
 
 def read_finetune_result(path: Path) -> FinetuneResult:
@@ -376,6 +403,7 @@ def read_finetune_result(path: Path) -> FinetuneResult:
         scores=scores,
         checkpoint=payload.get("checkpoint"),
         source=str(path),
+        recipe=_recipe(payload),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -530,3 +531,32 @@ def test_the_loss_figure_keeps_its_scale_when_a_run_diverges(tmp_path: Path):
     assert low > 4.0 and high < 11.0  # the 1-bit group's curve is seed 1's alone; seed 2 is clipped away
     labels = [text.get_text() for text in figure.legends[0].get_texts()]
     assert any("2 seeds; 1 diverged, dotted" in label for label in labels)
+
+
+def test_one_checkpoint_fine_tuned_with_two_recipes_is_named_in_the_report(tmp_path: Path):
+    """The newer fine-tune of a (task, checkpoint) is reported; when the two used different recipes (here the
+    LR), the report says which file it took instead of silently mixing recipes across runs."""
+    folder = write_run(tmp_path, "syn-lamb-s1", "lamb", 1, LAMB_1, finetunes={"a/mrpc": (240, {"1": 0.70})})
+    older, newer = folder / "finetune" / "a" / "mrpc" / "all_results.json", folder / "finetune" / "b" / "mrpc"
+    newer.mkdir(parents=True)
+    for path, lr, score in ((older, 1e-4, 0.70), (newer / "all_results.json", 1e-3, 0.80)):
+        payload = json.loads(older.read_text())
+        task = {"name": "mrpc", "lr": lr, "epochs": 3, "max_length": 128, "batch_size": 32}
+        payload["config"] = {"task": task}
+        payload["per_seed"] = {"1": {"f1": score, "accuracy": score}}
+        path.write_text(json.dumps(payload))
+    os.utime(older, (1_000_000, 1_000_000))  # the older file by its time stamp, whatever the file system says
+    (run,) = load_local_runs([str(folder)])
+    (result,) = run.finetunes
+    assert result.scores == {"1": 0.80} and result.recipe == "lr 0.001, epochs 3, length 128, batch 32"
+    (note,) = run.finetune_notes
+    assert "reported" in note and str(newer / "all_results.json") in note and "lr 0.0001" in note
+    out = tmp_path / "out"
+    write_outputs(out, build([run], compare_cfg(out), "python -m results.compare"))
+    assert note in (out / "report.md").read_text()
+    # the same recipe twice (a re-run): nothing to say
+    payload = json.loads((newer / "all_results.json").read_text())
+    older.write_text(json.dumps(payload))
+    os.utime(older, (1_000_000, 1_000_000))
+    (run,) = load_local_runs([str(folder)])
+    assert run.finetune_notes == []
