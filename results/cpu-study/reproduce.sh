@@ -40,10 +40,14 @@
 #             refresh) n2 and sim32, deepspeed n2 and sim32} with
 #             conf/batch/cpu_study_s32.yaml on the sample at seq 32 (data=sample_8k_s32): 3,200 steps, 2,560 of
 #             them compressed, where LAMB leaves the unigram stage (> 25% masked-LM accuracy); reported apart in
-#             results/cpu-study-s32/ (S32_ARMS="<arms>", WORKERS="<workers>" for subsets)
+#             results/cpu-study-s32/ (S32_ARMS="<arms>", WORKERS="<workers>" for subsets; MODEL=<another>:
+#             runs cpu-study-s32-<model>-*, reported in results/cpu-study-s32-<model>/; on one GPU add
+#             SIM_PROCESSES=1 and run LAMB at WORKERS=n1)
 #   s32_finetune  the seq-32 main arms' final checkpoints (S32_FT_ARMS="<arms>", WORKERS="<workers>" for
 #             subsets) and the randomly initialised model (the floor) on SST-2's full training set at length
-#             32, the pretraining length (1 epoch, LR 1e-4), seed = the run's
+#             32, the pretraining length (1 epoch, LR S32_FT_LR, default 1e-3: chosen on LAMB's seed-1
+#             checkpoint and the floor from 3e-5 to 3e-3; other LRs write to
+#             results/cpu-study-s32/finetune-lr<LR>/, outside the run folders), seed = the run's
 #   arms      any arms of the table below: ARMS="<arms>" at WORKERS (default n2) for SEEDS with the recipe BATCH
 #             (default cpu_study_b128); not in the default STAGES
 #   report    keep the runs' small files in results/cpu-study/runs/, compare, records
@@ -54,6 +58,11 @@ cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-"1 2 3"}
 STAGES=${STAGES:-"main decomposition output_bias precondition columns local finetune scale pieces batch32 long long_finetune s32 s32_finetune report"}
 MODEL=${MODEL:-bert_tiny}
+# simulated workers (simK) run as SIM_PROCESSES processes x K/SIM_PROCESSES; on one GPU (NCCL takes one
+# process per GPU) SIM_PROCESSES=1, with LAMB at WORKERS=n1: e.g. SIM_PROCESSES=1 MODEL=bert_base STAGES=s32
+# S32_ARMS=lamb WORKERS=n1, then S32_ARMS="remedy_nv_lv_k64 deepspeed" WORKERS="sim8 sim32"
+SIM_PROCESSES=${SIM_PROCESSES:-2}
+MODEL_TAG=$([[ $MODEL == bert_tiny ]] || echo "-$MODEL")
 DATA=${DATA:-sample_8k}
 PY=.venv/bin/python
 export OMP_NUM_THREADS=1 WANDB_MODE=disabled
@@ -137,12 +146,13 @@ pretrain() {
     cpu_study_s32) global=128 tag=s32 data=${DATA}_s32 cap=64 ;;  # 64 x 32 tokens: less than 32 x 128
     *) tag=b$global ;;
   esac
+  tag+=$MODEL_TAG  # another model's runs never mix with the study's
   local run="cpu-study-$tag-$arm-$workers-s$seed"
   [[ -f results/runs/$run/summary.json ]] && return 0
-  local processes=2 per_process=1
+  local processes=$SIM_PROCESSES per_process=1
   case $workers in
     n*) processes=${workers#n} ;;
-    sim*) per_process=$(( ${workers#sim} / 2 )) ;;
+    sim*) per_process=$(( ${workers#sim} / SIM_PROCESSES )) ;;
   esac
   local share=$(( global / (processes * per_process) ))
   local micro=$(( share < cap ? share : cap ))
@@ -168,10 +178,10 @@ finetune() {  # finetune <run folder> <task> <seed>
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 random_init() {  # the floor: the same model, initialised, no step taken; prints its run folder
-  local run=results/runs/cpu-study-random-init
+  local run=results/runs/cpu-study-random-init$MODEL_TAG
   if [[ ! -d $run/checkpoints ]]; then
     $PY -m pretrain batch=cpu_study_b128 optim=lamb model="$MODEL" data_dir="data/prepared/$DATA" seed=1 \
-      run_name=cpu-study-random-init max_steps=0 wandb.mode=disabled show_progress=false >&2
+      run_name="cpu-study-random-init$MODEL_TAG" max_steps=0 wandb.mode=disabled show_progress=false >&2
   fi
   echo "$run"
 }
@@ -246,20 +256,23 @@ if stage s32; then  # seq 32: LAMB past the unigram stage on 2 cores (conf/batch
   done
 fi
 if stage s32_finetune; then  # the main comparison's arms (S32_FT_ARMS="<arms>": others) at n2 and sim32
+  S32_FT_LR=${S32_FT_LR:-1e-3}
   random=$(random_init)
   for seed in $SEEDS; do
     runs=("$random")
     for arm in ${S32_FT_ARMS:-lamb remedy_nv_lv_k64 remedy_nv_lv deepspeed}; do
-      for workers in ${WORKERS:-n2 sim32}; do runs+=("results/runs/cpu-study-s32-$arm-$workers-s$seed"); done
+      for workers in ${WORKERS:-n2 sim32}; do runs+=("results/runs/cpu-study-s32$MODEL_TAG-$arm-$workers-s$seed"); done
     done
     for run in "${runs[@]}"; do
       [[ $run == "$random" || -f $run/summary.json ]] || continue
       [[ $run != "$random" ]] && diverged "$run" && continue
       out=$run/finetune/final/sst2-len32  # (a `$(... && echo)` here ended the script under set -e)
+      # another LR: outside the run folders, which `make compare` reads (one recipe per task there)
+      if [[ $S32_FT_LR != 1e-3 ]]; then out=results/cpu-study-s32$MODEL_TAG/finetune-lr$S32_FT_LR/$(basename "$run"); fi
       if [[ $run == "$random" ]]; then out+="-s$seed"; fi
       [[ -f $out/all_results.json ]] || OMP_NUM_THREADS=2 $PY -m finetune task=sst2 model_path="$run" \
-        output_dir="$out" task.lr=1e-4 task.epochs=1 task.max_length=32 "seeds=[$seed]" wandb.mode=disabled \
-        show_progress=false
+        output_dir="$out" task.lr="$S32_FT_LR" task.epochs=1 task.max_length=32 "seeds=[$seed]" \
+        wandb.mode=disabled show_progress=false
     done
   done
 fi
@@ -326,9 +339,13 @@ if stage report; then
     # freeze-step ablations (arms ending in _f<step>) stay out: the comparison groups runs by their optimizer
     # options, and freeze_step is a batch option, so they would be averaged with the default; the study's
     # README reports them
-    runs=$(find results/cpu-study/runs -maxdepth 1 -name "cpu-study-$tag-*" ! -name "*_f[0-9]*" | sort | paste -sd,)
+    # study and model: results/cpu-study-s32/ holds BERT-tiny's runs, results/cpu-study-s32-<model>/ another's
+    other_models="cpu-study-$tag-bert_*"
+    if [[ -n $MODEL_TAG ]]; then other_models=none; fi
+    runs=$(find results/cpu-study/runs -maxdepth 1 -name "cpu-study-$tag$MODEL_TAG-*" ! -name "*_f[0-9]*" \
+      ! -name "$other_models" | sort | paste -sd,)
     if [[ -n $runs ]]; then
-      $PY -m results.compare study="cpu-study-$tag" "runs=[$runs]" final_window=10
+      $PY -m results.compare study="cpu-study-$tag$MODEL_TAG" "runs=[$runs]" final_window=10
     fi
   done
   $PY -m bench fidelity
