@@ -42,7 +42,7 @@ class FinetuneResult:
     scores: dict[str, float]  # fine-tune seed -> main metric
     checkpoint: str | None = None
     source: str = ""
-    recipe: str = ""  # the fine-tune's hyperparameters when recorded, e.g. "lr 0.001, 1 epoch(s), length 32"
+    recipe: str = ""  # its hyperparameters when recorded, e.g. "lr 0.001, epochs 1, length 32, batch 32"
 
 
 @dataclass
@@ -340,22 +340,24 @@ def load_finetune_results(folder: Path, notes: list[str] | None = None) -> list[
     Two files for one (task, checkpoint samples): the newer file wins; when their recipes differ (another LR,
     epochs, length or batch), a line saying which one is reported goes to `notes`, since the report would
     otherwise mix recipes without a word."""
-    found: dict[tuple[str, int | None], tuple[float, FinetuneResult]] = {}
+    found: dict[tuple[str, int | None], list[tuple[float, FinetuneResult]]] = {}
     for path in sorted((folder / "finetune").rglob("all_results.json")):
         result = read_finetune_result(path)
-        key = (result.task, result.samples_seen)
-        mtime = path.stat().st_mtime
-        other = found.get(key)
-        if other is not None and notes is not None and other[1].recipe != result.recipe:
-            newer, older = (result, other[1]) if mtime >= other[0] else (other[1], result)
+        found.setdefault((result.task, result.samples_seen), []).append((path.stat().st_mtime, result))
+    chosen = []
+    for candidates in found.values():
+        # the newest; on equal times the last in path order (as before)
+        newest = max(range(len(candidates)), key=lambda i: (candidates[i][0], i))
+        result = candidates[newest][1]
+        chosen.append(result)
+        others = [other for _, other in candidates if other.recipe != result.recipe]
+        if others and notes is not None:
+            left_out = "; ".join(f"{o.source} ({o.recipe or 'recipe not recorded'})" for o in others)
             notes.append(
-                f"{result.task} fine-tuned twice from one checkpoint with different recipes: reported "
-                f"{newer.source} ({newer.recipe or 'recipe not recorded'}), not {older.source} "
-                f"({older.recipe or 'recipe not recorded'})"
+                f"{result.task} fine-tuned from one checkpoint with different recipes: reported "
+                f"{result.source} ({result.recipe or 'recipe not recorded'}), not {left_out}"
             )
-        if other is None or mtime >= other[0]:
-            found[key] = (mtime, result)
-    return [result for _, result in found.values()]
+    return chosen
 
 
 def _recipe(payload: dict[str, Any]) -> str:

@@ -550,10 +550,23 @@ def test_one_checkpoint_fine_tuned_with_two_recipes_is_named_in_the_report(tmp_p
     (result,) = run.finetunes
     assert result.scores == {"1": 0.80} and result.recipe == "lr 0.001, epochs 3, length 128, batch 32"
     (note,) = run.finetune_notes
-    assert "reported" in note and str(newer / "all_results.json") in note and "lr 0.0001" in note
+    assert f"reported {newer / 'all_results.json'}" in note and str(older) in note and "lr 0.0001" in note
     out = tmp_path / "out"
     write_outputs(out, build([run], compare_cfg(out), "python -m results.compare"))
     assert note in (out / "report.md").read_text()
+    # a third recipe, between the two in time: still the newest is reported, and both others are named
+    middle = folder / "finetune" / "c" / "mrpc" / "all_results.json"
+    middle.parent.mkdir(parents=True)
+    payload = json.loads(older.read_text())
+    payload["config"]["task"]["lr"] = 3e-4
+    middle.write_text(json.dumps(payload))
+    os.utime(middle, (2_000_000, 2_000_000))
+    (run,) = load_local_runs([str(folder)])
+    assert [result.scores for result in run.finetunes] == [{"1": 0.80}]
+    (note,) = run.finetune_notes
+    assert f"reported {newer / 'all_results.json'} (lr 0.001" in note
+    assert str(older) in note and str(middle) in note and "lr 0.0003" in note
+    middle.unlink()
     # the same recipe twice (a re-run): nothing to say
     payload = json.loads((newer / "all_results.json").read_text())
     older.write_text(json.dumps(payload))
