@@ -20,6 +20,11 @@ Writes results/bench/comm.json. Records:
   exchanges BERT-Large's momentum in (per-column and per-row scales, the 1-D tensors exact, bfloat16
   scales, the mean-|y| sign scale: ~0.6M segments), which is what a user's run pays; fresh processes, so
   only two engines are alive at a time.
+- ``compression_bytes_moved_n2``: the compute of one call in memory terms, without the second process
+  sharing the memory bus and without collectives: one process, one thread, two virtual workers (the whole
+  call of both ranks: two workers' passes, both chunks served, the output decoded) on a buffer of up to
+  64M elements, per worker and element, expressed as bytes an fp32 copy moves in that time (8 per element,
+  timed alternately in the same process). Target <= 30 bytes (issue #15; ~20 are unavoidable).
 """
 
 from __future__ import annotations
@@ -254,6 +259,57 @@ def _timing_records(numel: int, repeats: int, note: str) -> list[Record]:
     ]
 
 
+PASSES_MAX_NUMEL = 64 * 2**20
+
+
+def _bytes_moved_record(numel: int, repeats: int) -> Record:
+    """One process, one thread: a two-worker call's time per worker and element, in copy-bytes."""
+    numel = padded_numel(min(numel, PASSES_MAX_NUMEL), TIMING_WORLD_SIZE)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = CompressedAllreduce(numel, virtual_workers=TIMING_WORLD_SIZE)
+        local = torch.empty(TIMING_WORLD_SIZE, numel)
+        out, source, target = torch.empty(numel), torch.randn(numel), torch.empty(numel)
+        calls, copies = [], []
+        for repeat in range(repeats + 1):  # the first round warms up (numba's first call compiles)
+            local.normal_()
+            started = time.perf_counter()
+            engine(local, out)
+            call = time.perf_counter() - started
+            started = time.perf_counter()
+            target.copy_(source)
+            copy = time.perf_counter() - started
+            if repeat:
+                calls.append(call)
+                copies.append(copy)
+    finally:
+        torch.set_num_threads(previous_threads)
+    per_worker_element = statistics.median(calls) / TIMING_WORLD_SIZE / numel
+    copy_per_element = statistics.median(copies) / numel
+    return Record(
+        f"compression_bytes_moved_n{TIMING_WORLD_SIZE}",
+        8 * per_worker_element / copy_per_element,
+        "bytes/element",
+        peer="an fp32 copy of the buffer, same process, alternated (8 bytes moved per element)",
+        peer_value=8.0,
+        target="value <= 30 bytes per element (issue #15; ~20 unavoidable: x and e read, e written, the "
+        "norm's read, the server's share, the output written)",
+        config={
+            "virtual_workers": TIMING_WORLD_SIZE,
+            "numel_padded": numel,
+            "repeats": repeats,
+            "threads": 1,
+            "kernels": engine.kernels.name,
+            "ns_per_worker_element": per_worker_element * 1e9,
+            "copy_ns_per_element": copy_per_element * 1e9,
+            "copy_GB_per_s": 8 / copy_per_element / 1e9,
+            "call_seconds": calls,
+            "copy_seconds": copies,
+        },
+    )
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench comm", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_NUMEL:,}-element timing buffer")
@@ -269,6 +325,7 @@ def main(argv: list[str]) -> None:
     records = _traffic_records(QUICK_NUMEL // 16 if args.quick else TRAFFIC_NUMEL, num_calls=2)
     records.extend(_timing_records(numel, args.repeats, note))
     records.append(_default_layout_record(numel, args.repeats, note))
+    records.append(_bytes_moved_record(numel, args.repeats))
     write_records(results_name("comm", numel != BERT_LARGE_NUMEL), records)
 
 

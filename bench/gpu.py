@@ -11,6 +11,9 @@ Five checks, each against a peer measured in the same run (issue #16):
    project's default; its compute time per call, per worker, for BERT-Large with the default exchange
    at n = 8, and with one scale at n = 8 and 64 on a share of the buffer that fits k workers' state in
    memory, scaled to BERT-Large (`config` gives both). Peer: one fp32 copy of the buffer (memory speed).
+   The same at n = 8 with the `torch.compile`d kernels (`kernels=compiled`, Triton), their peer the torch
+   kernels' time in the same run, and their outputs against the torch kernels' (bitwise expected; a
+   failure only when they are off the CPU reference as well).
 3. `optim`: step times over BERT-Large's parameters on the GPU of LAMB eager and compiled and of 1-bit
    LAMB's compression-stage update (the project's default exchange with one process: compute only),
    eager and compiled; peer `torch.optim.AdamW(fused=True)`, interleaved.
@@ -60,11 +63,12 @@ from bench.records import RESULTS_DIR, Record, write_records
 
 # in the order they run: the quick correctness checks first, the compiles last
 STEPS = ("packer", "allreduce", "pipeline", "optim", "throughput")
-# seconds a check may take (an H200 took 2, 18, 78, 25, 142 and ~140 s, compiles included): a check is
+# seconds a check may take (an H200 took 2, 18, 78, 25, 142 and ~140 s, compiles included; allreduce's
+# compiled-kernel arms, added since, not yet timed on a GPU): a check is
 # skipped, and says so, when less than this is left of --budget-s
 STEP_SECONDS = {
     "packer": 10,
-    "allreduce": 40,
+    "allreduce": 120,
     "pipeline": 100,
     "optim": 60,
     "throughput": 170,
@@ -333,12 +337,15 @@ def _toy_layout(numel: int, world_size: int):
     return ScaleLayout.from_blocks(blocks, numel, world_size)
 
 
-def _allreduce_matches(ctx: Context, world_size: int, exchange: str, calls: int = 3) -> dict[str, Any]:
+def _allreduce_matches(
+    ctx: Context, world_size: int, exchange: str, calls: int = 3, kernels: str | None = None
+) -> dict[str, Any]:
     """The engine on `ctx.device` against the CPU reference over `calls` calls: the fraction of output
     elements off by more than rounding (1e-5 relative), the largest relative L2 difference, and how many
     calls were bitwise equal. The GPU's reductions sum in another order than the CPU's, so scales may differ
     in the last bit, and an error-fed value that rounding puts on the other side of zero flips its sign:
-    such elements are counted, and must stay rare (`check_allreduce`)."""
+    such elements are counted, and must stay rare (`check_allreduce`). ``kernels``: the engine's elementwise
+    passes (None: the device's default). ``outputs``: the engine's output of every call (on the CPU)."""
     from pretrain.comm import CompressedAllreduce, padded_numel
     from pretrain.comm.reference import ReferenceCompressedAllreduce
 
@@ -352,9 +359,10 @@ def _allreduce_matches(ctx: Context, world_size: int, exchange: str, calls: int 
         layout=layout,
         sign_scale=sign_scale,
         scale_dtype=scale_dtype,
+        kernels=kernels,
     )
     reference = ReferenceCompressedAllreduce(numel, world_size, layout, sign_scale, scale_dtype)
-    worst, equal, off = 0.0, 0, 0
+    worst, equal, off, outputs = 0.0, 0, 0, []
     for call in range(calls):
         generator = torch.Generator().manual_seed(call)
         inputs = [torch.randn(numel, generator=generator) * (1 + w / world_size) for w in range(world_size)]
@@ -362,12 +370,23 @@ def _allreduce_matches(ctx: Context, world_size: int, exchange: str, calls: int 
         engine(torch.stack(inputs).to(ctx.device), out)
         expected = reference(inputs)
         got = out.cpu()
+        outputs.append(got)
         if not torch.isfinite(got).all():
-            return {"off_fraction": math.inf, "relative_l2": math.inf, "bitwise_equal_calls": equal}
+            return {
+                "off_fraction": math.inf,
+                "relative_l2": math.inf,
+                "bitwise_equal_calls": equal,
+                "outputs": [],
+            }
         worst = max(worst, float((got - expected).norm() / expected.norm()))
         equal += int(torch.equal(got, expected))
         off += int(((got - expected).abs() > 1e-5 * expected.abs() + 1e-30).sum())
-    return {"off_fraction": off / (calls * numel), "relative_l2": worst, "bitwise_equal_calls": equal}
+    return {
+        "off_fraction": off / (calls * numel),
+        "relative_l2": worst,
+        "bitwise_equal_calls": equal,
+        "outputs": outputs,
+    }
 
 
 def _fitting_share(world_size: int, numel: int, smoke: bool) -> float:
@@ -400,6 +419,29 @@ def _time_allreduce(ctx: Context, world_size: int, numel: int, options: dict[str
     return seconds
 
 
+def _compiled_against_torch(ctx: Context, exchange: str, torch_outputs: list[torch.Tensor]) -> Record:
+    """The engine with the compiled kernels (`pretrain.comm.compiled_kernels`) at n = 8: off the CPU reference
+    as the torch kernels may be (a failure otherwise), and the fraction of output elements that differ from
+    the torch kernels' on this device (0: bitwise, what the kernels promise)."""
+    match = _allreduce_matches(ctx, 8, exchange, kernels="compiled")
+    outputs = match.pop("outputs")
+    if not match["off_fraction"] <= 1e-3:
+        ctx.fail(
+            f"allreduce: n=8 {exchange} exchange with the compiled kernels is off the reference: {match}"
+        )
+    compared = sum(o.numel() for o in torch_outputs)
+    differing = sum(int((a != b).sum()) for a, b in zip(torch_outputs, outputs, strict=False))
+    fraction = differing / compared if len(outputs) == len(torch_outputs) else math.inf
+    config = ctx.config(world_size=8, exchange=exchange, calls=3, compiled_vs_reference=match)
+    return Record(
+        f"allreduce_n8_{exchange}_compiled_vs_torch_kernels",
+        fraction,
+        "fraction of elements differing",
+        target="0 (bitwise: the same arithmetic in the same order)",
+        config=config,
+    )
+
+
 def check_allreduce(ctx: Context) -> list[Record]:
     from bench.comm import default_layout_options
     from pretrain.comm import padded_numel
@@ -407,13 +449,15 @@ def check_allreduce(ctx: Context) -> list[Record]:
     records: list[Record] = []
     for world_size in (8, 64):
         for exchange in ("deepspeed", "default"):
-            match = _allreduce_matches(ctx, world_size, exchange)
+            match = _allreduce_matches(ctx, world_size, exchange, kernels="torch")
+            outputs = match.pop("outputs")
             if not match["off_fraction"] <= 1e-3:
                 ctx.fail(f"allreduce: n={world_size} {exchange} exchange is off the reference: {match}")
             config = ctx.config(
                 world_size=world_size,
                 exchange=exchange,
                 calls=3,
+                kernels="torch",
                 **match,
                 reference="pretrain.comm.reference.ReferenceCompressedAllreduce on the CPU",
                 off="elements differing by more than 1e-5 relative (rounding-level sign flips at zero)",
@@ -427,6 +471,8 @@ def check_allreduce(ctx: Context) -> list[Record]:
                     config=config,
                 )
             )
+            if world_size == 8:
+                records.append(_compiled_against_torch(ctx, exchange, outputs))
 
     full = BERT_LARGE_NUMEL if not ctx.smoke else 2_000_000
     copy_source = torch.randn(padded_numel(full, 64), device=ctx.device)
@@ -435,39 +481,72 @@ def check_allreduce(ctx: Context) -> list[Record]:
 
     _free_memory()
     peer = "one fp32 copy of the BERT-Large buffer (read + write)"
+    compiled_peer = "the same call with the torch kernels (kernels=torch), same process"
     if not ctx.smoke:
         padded, options = default_layout_options(BERT_LARGE_NUMEL, 8)
         share = _fitting_share(8, padded, ctx.smoke)
         if share == 1.0:
-            per_call = _time_allreduce(ctx, 8, padded, options)
+            per_call = {
+                kernels: _time_allreduce(ctx, 8, padded, {**options, "kernels": kernels})
+                for kernels in ("torch", "compiled")
+            }
             config = ctx.config(
                 world_size=8,
                 numel=padded,
                 exchange="default (per-column, mean_abs, bf16 scales)",
                 per_call_s=per_call,
+                copy_s=copy,
                 statistic="median of 5",
             )
+            torch_worker, compiled_worker = per_call["torch"] / 8, per_call["compiled"] / 8
             records.append(
-                Record("allreduce_n8_default_per_worker", per_call / 8, "s", peer, copy, config=config)
+                Record("allreduce_n8_default_per_worker", torch_worker, "s", peer, copy, config=config)
+            )
+            records.append(
+                Record(
+                    "allreduce_n8_default_per_worker_compiled",
+                    compiled_worker,
+                    "s",
+                    compiled_peer,
+                    torch_worker,
+                    target="< 1 (issue #15: the passes at memory speed; the copy in config is the ceiling)",
+                    config=config,
+                )
             )
     for world_size in (8, 64):
         padded = padded_numel(full, world_size)
         share = _fitting_share(world_size, padded, ctx.smoke)
         numel = padded_numel(int(full * share), world_size)
-        per_call = _time_allreduce(ctx, world_size, numel, {})
-        per_worker = per_call / world_size * padded / numel  # scaled to the whole buffer
+        kernel_choices = ("torch", "compiled") if world_size == 8 else ("torch",)
+        per_call = {
+            kernels: _time_allreduce(ctx, world_size, numel, {"kernels": kernels})
+            for kernels in kernel_choices
+        }
+        # per worker: the call's time / n, scaled to the whole buffer
+        per_worker = {kernels: seconds / world_size * padded / numel for kernels, seconds in per_call.items()}
         config = ctx.config(
             world_size=world_size,
             numel_measured=numel,
             share_of_bert_large=share,
             per_call_s=per_call,
+            copy_s=copy,
             exchange="DeepSpeed (one rms scale per chunk, fp32)",
             statistic="median of 5",
             note="per worker: the call's time / n, scaled by the share when the k workers' state did not fit",
         )
-        records.append(
-            Record(f"allreduce_n{world_size}_single_per_worker", per_worker, "s", peer, copy, config=config)
-        )
+        name = f"allreduce_n{world_size}_single_per_worker"
+        records.append(Record(name, per_worker["torch"], "s", peer, copy, config=config))
+        if "compiled" in per_worker:
+            records.append(
+                Record(
+                    f"{name}_compiled",
+                    per_worker["compiled"],
+                    "s",
+                    compiled_peer,
+                    per_worker["torch"],
+                    config=config,
+                )
+            )
     return records
 
 

@@ -8,7 +8,9 @@ single scale, and one scale per row of an "embedding" and per tensor (rows split
 included), with both sign scales, and with scales sent in bfloat16 (`scale_dtype`). Each case runs with
 both implementations of the elementwise passes (`pretrain.comm.kernels`: torch ops and the fused numba
 loops), which must both equal the reference bit for bit, and, with one worker per process, with the signs
-sent in 3 pieces (`pipeline=3`, `pretrain.comm.pipeline`) as well as in one.
+sent in 3 pieces (`pipeline=3`, `pretrain.comm.pipeline`) as well as in one. The torch.compile'd kernels
+(`pretrain.comm.compiled_kernels`, the candidate for GPUs) go through the same cases in the slow tier (their
+first compile takes a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -55,13 +57,13 @@ def _input(call: int, worker: int, numel: int) -> torch.Tensor:
     return values
 
 
-def _run(rank: int, processes: int, virtual: int, modes: list[str]) -> dict:
+def _run(rank: int, processes: int, virtual: int, modes: list[str], kernel_choices=KERNELS) -> dict:
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
     results = {}
     pipelined = virtual == 1 and processes > 1
-    variants = [(mode, kernels, 0) for mode in modes for kernels in KERNELS]
-    variants += [("native", kernels, PIECES) for kernels in KERNELS] if pipelined else []
+    variants = [(mode, kernels, 0) for mode in modes for kernels in kernel_choices]
+    variants += [("native", kernels, PIECES) for kernels in kernel_choices] if pipelined else []
     for mode, kernels, pieces in variants:
         for kind, sign_scale, scale_dtype in CASES:
             engine = CompressedAllreduce(
@@ -102,7 +104,19 @@ def shape_runs(request):
 
 
 def test_engine_equals_reference_bitwise(shape_runs):
-    processes, virtual, results = shape_runs
+    _assert_equal_to_reference(*shape_runs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes, virtual", [(1, 4), (2, 2), (3, 1)], ids=["p1k4", "p2k2", "p3k1"])
+def test_the_compiled_kernels_equal_the_reference_bitwise(processes, virtual):
+    modes = ["native", "all_gather"] if processes > 1 else ["native"]
+    results = run_distributed(_run, processes, args=(virtual, modes, ("compiled",)))
+    _assert_equal_to_reference(processes, virtual, results)
+    assert {key[1] for key in results[0]} == {"compiled/0"} | ({"compiled/3"} if virtual == 1 else set())
+
+
+def _assert_equal_to_reference(processes: int, virtual: int, results: list[dict]) -> None:
     world_size = processes * virtual
     numel = padded_numel(UNPADDED, world_size)
     for (mode, kernels, kind, sign_scale, scale_dtype), _ in results[0].items():

@@ -52,6 +52,12 @@ def test_packer_and_allreduce_checks_pass_on_the_cpu(tmp_path):
             assert record["value"] == 0.0 and record["config"]["bitwise_equal_calls"] == 3
             assert record["config"]["relative_l2"] == 0.0
         assert records[f"allreduce_n{n}_single_per_worker"]["ratio"] > 0
+    # the compiled kernels (Inductor's C++ here, Triton on a GPU) against the torch kernels, in the same run
+    for exchange in ("deepspeed", "default"):
+        record = records[f"allreduce_n8_{exchange}_compiled_vs_torch_kernels"]
+        assert record["value"] == 0.0 and record["config"]["compiled_vs_reference"]["off_fraction"] == 0.0
+    assert records["allreduce_n8_single_per_worker_compiled"]["ratio"] > 0
+    assert "allreduce_n64_single_per_worker_compiled" not in records
 
 
 def test_a_wrong_packer_fails_the_check(tmp_path, monkeypatch):

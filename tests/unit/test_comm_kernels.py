@@ -1,5 +1,6 @@
-"""The fused numba passes of the compressed allreduce equal the torch reference bit for bit, and the
-choice between them (`get_kernels`) falls back to torch where numba cannot run."""
+"""The fused passes of the compressed allreduce (numba's loops, and the torch.compile'd kernels of
+`pretrain.comm.compiled_kernels`) equal the torch reference bit for bit, and the choice between them
+(`get_kernels`) falls back to torch where numba cannot run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from pretrain.comm import kernels as kernels_module
+from pretrain.comm.compiled_kernels import CompiledKernels, SegmentMap
 from pretrain.comm.compressed_allreduce import SignScale, _RunPlan
 from pretrain.comm.kernels import NumbaKernels, TorchKernels, get_kernels
 from pretrain.comm.layout import Run
@@ -34,25 +36,29 @@ def _scales(plan: _RunPlan, seed: int, rows: int | None = None) -> torch.Tensor:
     return torch.rand(shape, generator=generator) + 0.1
 
 
-def _pair() -> tuple[TorchKernels, NumbaKernels]:
-    return TorchKernels(TorchSignPacker()), NumbaKernels()
+FUSED = ("numba", "compiled")
 
 
+def _pair(fused: str) -> tuple[TorchKernels, NumbaKernels | CompiledKernels]:
+    return TorchKernels(TorchSignPacker()), NumbaKernels() if fused == "numba" else CompiledKernels("cpu")
+
+
+@pytest.mark.parametrize("fused", FUSED)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_compress_packs_and_feeds_back_the_error_like_torch(layout):
+def test_compress_packs_and_feeds_back_the_error_like_torch(layout, fused):
     plan = _RunPlan(LAYOUTS[layout], SignScale.rms, torch.device("cpu"))
     scales = _scales(plan, 1)
     results = []
-    for implementation in _pair():
+    for implementation in _pair(fused):
         values, packed = _values(0), torch.empty(NUMEL // 8, dtype=torch.uint8)
         implementation.compress_(values, scales, plan, packed, scratch=torch.empty(NUMEL))
         results.append((values, packed))
-    (torch_values, torch_packed), (numba_values, numba_packed) = results
-    assert torch.equal(numba_packed, torch_packed)
-    assert torch.equal(numba_values, torch_values)
+    (torch_values, torch_packed), (fused_values, fused_packed) = results
+    assert torch.equal(fused_packed, torch_packed)
+    assert torch.equal(fused_values, torch_values)
     # and what that is: the signs of the input, minus each segment's scale times them
-    assert torch.equal(numba_packed, TorchSignPacker().pack(_values(0)))
-    assert numba_values[7] == -scales[0]  # +0.0 packs as + (first segment of the "runs" layout too)
+    assert torch.equal(fused_packed, TorchSignPacker().pack(_values(0)))
+    assert fused_values[7] == -scales[0]  # +0.0 packs as + (first segment of the "runs" layout too)
 
 
 def test_the_compress_pass_is_vectorised():
@@ -84,15 +90,16 @@ def test_the_compress_pass_is_vectorised():
     assert compress < 4 * decode, per_element
 
 
+@pytest.mark.parametrize("fused", FUSED)
 @pytest.mark.parametrize("sources", [2, 3, 4])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_accumulate_averages_the_sources_in_worker_order_like_torch(layout, sources):
+def test_accumulate_averages_the_sources_in_worker_order_like_torch(layout, sources, fused):
     plan = _RunPlan(LAYOUTS[layout], SignScale.mean_abs, torch.device("cpu"))
     packer = TorchSignPacker()
     signs = torch.stack([packer.pack(_values(10 + source)) for source in range(sources)])
     scales = _scales(plan, 2, rows=sources)
     results = []
-    for implementation in _pair():
+    for implementation in _pair(fused):
         error = _values(3) * 1e-3
         implementation.accumulate_(error, signs, scales, plan, scratch=torch.empty(sources * NUMEL))
         results.append(error)
@@ -100,19 +107,96 @@ def test_accumulate_averages_the_sources_in_worker_order_like_torch(layout, sour
     assert not torch.equal(results[1], _values(3) * 1e-3)
 
 
+@pytest.mark.parametrize("fused", FUSED)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_decode_like_torch(layout):
+def test_decode_like_torch(layout, fused):
     plan = _RunPlan(LAYOUTS[layout], SignScale.rms, torch.device("cpu"))
     packed = TorchSignPacker().pack(_values(4))
     scales = _scales(plan, 5)
     decoded = []
-    for implementation in _pair():
+    for implementation in _pair(fused):
         out = torch.full((NUMEL,), float("nan"))
         implementation.decode_(packed, scales, plan, out)
         decoded.append(out)
     assert torch.equal(decoded[1], decoded[0])
     expected = scales.expand(NUMEL) if layout == "single" else scales[:5].repeat_interleave(24)
     assert torch.equal(decoded[1].abs()[: expected.numel()], expected)
+
+
+@pytest.mark.parametrize("fused", FUSED)
+def test_decode_chunks_like_torch(fused):
+    """n chunks with their own plans, scales at their offsets (the compiled kernels decode all chunks in one
+    call, through one map of the whole buffer)."""
+    chunk_plans = [
+        _RunPlan([Run(0, 1, 200)], SignScale.rms, torch.device("cpu")),
+        _RunPlan([Run(0, 4, 24), Run(96, 13, 1), Run(109, 1, 91)], SignScale.rms, torch.device("cpu")),
+        _RunPlan([Run(0, 25, 8)], SignScale.rms, torch.device("cpu")),
+    ]
+    offsets = [0, 1, 1 + chunk_plans[1].num_segments]
+    scales = torch.rand(offsets[-1] + chunk_plans[2].num_segments, generator=torch.Generator().manual_seed(6))
+    signs = torch.stack([TorchSignPacker().pack(_values(20 + j, 200)) for j in range(3)])
+    decoded = []
+    for implementation in _pair(fused):
+        out = torch.full((600,), float("nan"))
+        implementation.decode_chunks_(signs, scales, chunk_plans, offsets, out)
+        decoded.append(out)
+    assert torch.equal(decoded[1], decoded[0])
+    assert decoded[1][200:296].abs().unique().numel() == 4  # chunk 1's four rows, four scales
+
+
+def test_the_segment_map_gives_every_element_its_segment():
+    """`SegmentMap`: per byte the first element's segment and the bits of the elements that start a new
+    one; the compiled kernels' popcount over them names each element's segment (rows of 24 and of 9, 13
+    one-element segments, a long run: starts inside bytes and several per byte)."""
+    from pretrain.comm.compiled_kernels import _plan_runs, _segments
+
+    plan = _RunPlan(RUNS, SignScale.rms, torch.device("cpu"))
+    segment_map = SegmentMap.of_runs(_plan_runs(plan), NUMEL, torch.device("cpu"))
+    expected = torch.cat(
+        [
+            torch.arange(first, first + rows).repeat_interleave(length)
+            for _, rows, length, first in _plan_runs(plan)
+        ]
+    )
+    assert torch.equal(_segments(segment_map.first, segment_map.steps).reshape(-1), expected)
+    assert segment_map.first.dtype == torch.int32 and segment_map.steps.numel() == NUMEL // 8
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_compiled_kernels_on_cuda_equal_the_torch_kernels_on_cuda_and_the_cpu():
+    """Triton's code for the three passes (division rounded as IEEE, subnormals kept) against the torch
+    kernels on the same GPU and on the CPU: every byte and every float equal."""
+    from pretrain.comm.packing import get_packer
+
+    cuda = torch.device("cuda")
+    plan = _RunPlan(RUNS, SignScale.mean_abs, cuda)
+    scales, sources = _scales(plan, 7), 3
+    signs = torch.stack([TorchSignPacker().pack(_values(30 + source)) for source in range(sources)])
+    many_scales = _scales(plan, 8, rows=sources)
+    results = []
+    for implementation, device in [
+        (TorchKernels(TorchSignPacker()), torch.device("cpu")),
+        (TorchKernels(get_packer(cuda)), cuda),
+        (CompiledKernels(cuda), cuda),
+    ]:
+        device_plan = _RunPlan(RUNS, SignScale.mean_abs, device)
+        values, packed = _values(9).to(device), torch.empty(NUMEL // 8, dtype=torch.uint8, device=device)
+        implementation.compress_(values, scales.to(device), device_plan, packed, torch.empty_like(values))
+        error = _values(10).to(device) * 1e-3
+        implementation.accumulate_(
+            error,
+            signs.to(device),
+            many_scales.to(device),
+            device_plan,
+            torch.empty(sources * NUMEL, device=device),
+        )
+        decoded = torch.empty(NUMEL, device=device)
+        implementation.decode_(packed, scales.to(device), device_plan, decoded)
+        results.append([t.cpu() for t in (values, packed, error, decoded)])
+    for other in results[1:]:
+        for got, expected in zip(other, results[0], strict=True):
+            assert torch.equal(got, expected)
 
 
 def test_the_choice_of_kernels(monkeypatch):
@@ -125,9 +209,28 @@ def test_the_choice_of_kernels(monkeypatch):
         get_kernels("cuda", packer, "numba")
     monkeypatch.setenv(kernels_module.KERNELS_ENV, "torch")
     assert get_kernels("cpu", packer).name == "torch"
+    assert get_kernels("cpu", packer, "compiled").name == "compiled"  # never the default: asked for by name
     monkeypatch.setenv(kernels_module.KERNELS_ENV, "fast")
     with pytest.raises(ValueError, match=r"BERT_LAMB_COMM_KERNELS/kernels must be one of auto, torch, numba"):
         get_kernels("cpu", packer)
+
+
+def test_compiled_kernels_without_a_compiler_are_refused_with_the_reason(monkeypatch):
+    from torch._inductor import cpp_builder
+
+    from pretrain.comm.compiled_kernels import compiled_unavailable_reason
+
+    def no_compiler():
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    assert (
+        compiled_unavailable_reason("cpu")
+        == "no C++ compiler for torch.compile on the CPU (no C++ compiler found)"
+    )
+    with pytest.raises(ValueError, match=r"kernels=compiled: no C\+\+ compiler"):
+        get_kernels("cpu", TorchSignPacker(), "compiled")
+    assert get_kernels("cpu", TorchSignPacker()).name == "numba"  # auto never picks it
 
 
 def test_without_numba_the_torch_kernels_are_used(monkeypatch):
