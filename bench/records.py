@@ -64,6 +64,15 @@ def results_name(name: str, quick: bool) -> str:
     return f"{name}_quick" if quick else name
 
 
+def publish(tmp: str | Path, path: Path) -> None:
+    """Rename the finished temporary file ``tmp`` onto ``path`` with the mode a plain ``open()`` gives (0666
+    less the umask): ``mkstemp`` makes 0600 files, which others sharing a results folder cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+
+
 def write_records(name: str, records: list[Record], out_dir: Path | None = None, quiet: bool = False) -> Path:
     """Write `<out_dir>/<name>.json` atomically (temp file + rename) and print a one-line summary each
     (unless `quiet`)."""
@@ -76,7 +85,7 @@ def write_records(name: str, records: list[Record], out_dir: Path | None = None,
     with os.fdopen(fd, "w") as f:
         json.dump(payload, f, indent=2)
         f.write("\n")
-    os.replace(tmp, path)
+    publish(tmp, path)
     for r in [] if quiet else records:
         peer = f"  vs {r.peer}={r.peer_value:.4g} ratio={r.ratio:.3g}" if r.peer_value is not None else ""
         target = f"  target {r.target}" if r.target else ""

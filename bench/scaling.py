@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.records import RESULTS_DIR
+from bench.records import RESULTS_DIR, publish
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = REPO_ROOT / "results" / "scaling"
@@ -349,7 +349,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    os.replace(tmp, path)
+    publish(tmp, path)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -387,7 +387,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     os.close(fd)
     figure.savefig(tmp, dpi=120)
     plt.close(figure)
-    os.replace(tmp, path)
+    publish(tmp, path)
 
 
 def _net_summary(net: dict[str, dict[str, Any]]) -> list[str]:

@@ -180,6 +180,9 @@ def write_squad_predictions(path: str | Path, predictions: Mapping[str, str | fl
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             json.dump(dict(predictions), file, ensure_ascii=False, indent=1)
+        umask = os.umask(0)  # mkstemp made it 0600: give it the mode a plain open() gives
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

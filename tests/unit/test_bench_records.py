@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,9 @@ def test_results_name_and_atomic_write(tmp_path: Path):
     path = write_records("optim_quick", [], out_dir=tmp_path)
     assert path == tmp_path / "optim_quick.json" and json.loads(path.read_text()) == []
     assert not list(tmp_path.glob("*.tmp"))
+    # readable as a plain open() would have made it (the temp file was 0600)
+    umask = os.umask(0o022)
+    try:
+        assert write_records("comm", [], out_dir=tmp_path).stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(umask)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -98,6 +99,11 @@ def test_write_squad_predictions_is_official_format(tmp_path):
     path = write_squad_predictions(tmp_path / "out" / "predictions.json", predictions)
     assert json.loads(path.read_text(encoding="utf-8")) == predictions
     assert [entry.name for entry in path.parent.iterdir()] == ["predictions.json"]  # no temp file left
+    umask = os.umask(0o022)
+    try:  # the mode a plain open() gives, not mkstemp's 0600
+        assert write_squad_predictions(path, predictions).stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(umask)
 
 
 def test_squad_v2_f1_scores_empty_answers():
