@@ -419,6 +419,17 @@ def _time_allreduce(ctx: Context, world_size: int, numel: int, options: dict[str
     return seconds
 
 
+def _guarded(ctx: Context, what: str, function: Callable[..., Any], *args: Any) -> Any:
+    """`function(ctx, *args)`, or None with the failure recorded: the compiled kernels' arms must not take
+    the torch kernels' figures of the same check down with them."""
+    try:
+        return function(ctx, *args)
+    except Exception as error:
+        traceback.print_exc()
+        ctx.fail(f"allreduce: {what}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+        return None
+
+
 def _compiled_against_torch(ctx: Context, exchange: str, torch_outputs: list[torch.Tensor]) -> Record:
     """The engine with the compiled kernels (`pretrain.comm.compiled_kernels`) at n = 8: off the CPU reference
     as the torch kernels may be (a failure otherwise), and the fraction of output elements that differ from
@@ -472,7 +483,10 @@ def check_allreduce(ctx: Context) -> list[Record]:
                 )
             )
             if world_size == 8:
-                records.append(_compiled_against_torch(ctx, exchange, outputs))
+                compared = _guarded(
+                    ctx, f"n=8 {exchange} compiled kernels", _compiled_against_torch, exchange, outputs
+                )
+                records += [compared] if compared is not None else []
 
     full = BERT_LARGE_NUMEL if not ctx.smoke else 2_000_000
     copy_source = torch.randn(padded_numel(full, 64), device=ctx.device)
@@ -486,10 +500,16 @@ def check_allreduce(ctx: Context) -> list[Record]:
         padded, options = default_layout_options(BERT_LARGE_NUMEL, 8)
         share = _fitting_share(8, padded, ctx.smoke)
         if share == 1.0:
-            per_call = {
-                kernels: _time_allreduce(ctx, 8, padded, {**options, "kernels": kernels})
-                for kernels in ("torch", "compiled")
-            }
+            per_call = {"torch": _time_allreduce(ctx, 8, padded, {**options, "kernels": "torch"})}
+            compiled = _guarded(
+                ctx,
+                "n=8 default compiled timing",
+                _time_allreduce,
+                8,
+                padded,
+                {**options, "kernels": "compiled"},
+            )
+            per_call["compiled"] = math.nan if compiled is None else compiled
             config = ctx.config(
                 world_size=8,
                 numel=padded,
@@ -517,11 +537,12 @@ def check_allreduce(ctx: Context) -> list[Record]:
         padded = padded_numel(full, world_size)
         share = _fitting_share(world_size, padded, ctx.smoke)
         numel = padded_numel(int(full * share), world_size)
-        kernel_choices = ("torch", "compiled") if world_size == 8 else ("torch",)
-        per_call = {
-            kernels: _time_allreduce(ctx, world_size, numel, {"kernels": kernels})
-            for kernels in kernel_choices
-        }
+        per_call = {"torch": _time_allreduce(ctx, world_size, numel, {"kernels": "torch"})}
+        if world_size == 8:
+            compiled = _guarded(
+                ctx, "n=8 single compiled timing", _time_allreduce, world_size, numel, {"kernels": "compiled"}
+            )
+            per_call["compiled"] = math.nan if compiled is None else compiled
         # per worker: the call's time / n, scaled to the whole buffer
         per_worker = {kernels: seconds / world_size * padded / numel for kernels, seconds in per_call.items()}
         config = ctx.config(

@@ -221,7 +221,8 @@ class CompressedAllreduce:
 
     Memory per process, N = numel: errors k·4N + k·4N/n bytes; packed send/receive (2k + 1)·N/8 bytes
     (plus k·n·N/8 in ALL_GATHER mode); the scales (4 bytes per segment, a few times); with the torch
-    kernels, the packer's reused scratch ~1.6N bytes (the numba kernels need none). The caller's buffer
+    kernels, the packer's reused scratch ~1.6N bytes (the numba kernels: 32 KiB; the compiled kernels: segment
+    maps of ~1.3 bytes per element, :mod:`pretrain.comm.compiled_kernels`). The caller's buffer
     doubles as fp32 scratch during the call.
 
     Byte accounting (``traffic``): what one of n real ranks sends per call, also with virtual workers

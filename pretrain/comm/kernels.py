@@ -1,7 +1,7 @@
 """The compressed allreduce's elementwise passes, fused (issue #15): one pass over memory per step.
 
 Three operations make up the engine's arithmetic besides the scales' norms (which stay torch's
-``vector_norm`` in both implementations, so the scales, and with them every result, are the same):
+``vector_norm`` in every implementation, so the scales, and with them every result, are the same):
 
 - ``compress_(values, scales, plan, packed)``: packed ← the signs of ``values`` (bit 1 for ``>= 0``,
   MSB first, :mod:`pretrain.comm.packing`), and ``values ← values − s·sign(values)`` with s the scale of
@@ -10,7 +10,7 @@ Three operations make up the engine's arithmetic besides the scales' norms (whic
   sources in worker order (the server's average of the decoded worker chunks, plus its error).
 - ``decode_(packed, scales, plan, out)``: ``out ← s·sign``.
 
-Two implementations compute identical bits (tested on random buffers, layouts, 2–4 workers):
+Three implementations compute identical bits (tested on random buffers, layouts, 2–4 workers):
 
 - :class:`TorchKernels`: torch ops, any device; the reference. Each operation is several passes
   (compare, eight shift-or passes, a table gather, multiply, subtract).
@@ -18,10 +18,12 @@ Two implementations compute identical bits (tested on random buffers, layouts, 2
   (LLVM, no C++ compiler needed; IEEE float32 arithmetic in the reference's order, no fast-math).
   ``compress_`` reads and writes the buffer once (8 bytes per element plus 1/8 written) where the torch
   path makes about a dozen passes (compare, eight strided shift-or passes, gather, subtract).
+- :class:`~pretrain.comm.compiled_kernels.CompiledKernels`: one ``torch.compile``'d kernel per operation,
+  any device (Triton on CUDA); for GPUs, opt-in until a GPU has measured it (that module's docstring).
 
 :func:`get_kernels` is the one place that chooses: numba for CPU buffers when it imports, torch
 otherwise (CUDA, or no numba: the fallback needs nothing beyond torch). ``BERT_LAMB_COMM_KERNELS=torch``
-forces the reference, e.g. to rule the fused path out when debugging.
+forces the reference, e.g. to rule the fused path out when debugging; ``=compiled`` the compiled kernels.
 """
 
 from __future__ import annotations
@@ -247,7 +249,9 @@ def _numba_functions() -> dict[str, Any]:
             begin, elements = first_byte + low, 8 * block
             _signed(total_bits[:elements], signs[0, begin : begin + block], scale_bits[0, segment])
             for source in range(1, sources):
-                _signed(term_bits[:elements], signs[source, begin : begin + block], scale_bits[source, segment])
+                _signed(
+                    term_bits[:elements], signs[source, begin : begin + block], scale_bits[source, segment]
+                )
                 for i in range(elements):
                     total[i] = total[i] + term[i]
             _finish(error[8 * low : 8 * low + elements], total, count)
@@ -273,7 +277,15 @@ def _numba_functions() -> dict[str, Any]:
                 whole = (end - i) >> 3
                 if whole > 0:
                     _accumulate_bytes(
-                        error[i : i + 8 * whole], signs, i >> 3, whole, scale_bits, segment, count, total, term
+                        error[i : i + 8 * whole],
+                        signs,
+                        i >> 3,
+                        whole,
+                        scale_bits,
+                        segment,
+                        count,
+                        total,
+                        term,
                     )
                     i += 8 * whole
                 while i < end:  # the rest of the row
@@ -348,7 +360,9 @@ class NumbaKernels(CompressionKernels):
         scales = scales.reshape(n, -1)
         self._functions["accumulate"](
             error.numpy(),
-            signs.reshape(n, -1).contiguous().numpy(),  # rows of k virtual workers' chunks are apart: N/8 bytes
+            # with k virtual workers the sources' rows are strided views: one copy of n·C/8 bytes makes them
+            # C-contiguous, which the vectorised loop needs
+            signs.reshape(n, -1).contiguous().numpy(),
             self._runs(plan),
             scales.numpy(),
             scales.view(torch.int32).numpy().view(np.uint32),  # the scales' bits (a view, any strides)

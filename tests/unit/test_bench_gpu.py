@@ -4,6 +4,7 @@ check's code path at toy sizes on the CPU (`--cpu-smoke`); on a GPU machine `mak
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -58,6 +59,25 @@ def test_packer_and_allreduce_checks_pass_on_the_cpu(tmp_path):
         assert record["value"] == 0.0 and record["config"]["compiled_vs_reference"]["off_fraction"] == 0.0
     assert records["allreduce_n8_single_per_worker_compiled"]["ratio"] > 0
     assert "allreduce_n64_single_per_worker_compiled" not in records
+
+
+def test_compiled_kernels_that_fail_leave_the_torch_kernels_figures(tmp_path, monkeypatch):
+    """A GPU where Triton cannot build the compiled kernels: the check says so and fails, and the torch
+    kernels' records of the same check are still written."""
+    from pretrain.comm import compiled_kernels
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("triton: no kernel for this GPU")
+
+    monkeypatch.setattr(compiled_kernels.CompiledKernels, "compress_", broken)
+    with pytest.raises(SystemExit) as exit_info:
+        gpu.main(["--cpu-smoke", "--steps=allreduce", f"--out={tmp_path}"])
+    assert exit_info.value.code == 1
+    records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
+    assert records["allreduce_n8_default_vs_reference"]["value"] == 0.0
+    assert records["allreduce_n8_single_per_worker"]["value"] > 0
+    assert "allreduce_n8_default_compiled_vs_torch_kernels" not in records
+    assert math.isnan(records["allreduce_n8_single_per_worker_compiled"]["value"])
 
 
 def test_a_wrong_packer_fails_the_check(tmp_path, monkeypatch):
