@@ -442,7 +442,8 @@ def _compiled_against_torch(ctx: Context, exchange: str, torch_outputs: list[tor
         )
     compared = sum(o.numel() for o in torch_outputs)
     differing = sum(int((a != b).sum()) for a, b in zip(torch_outputs, outputs, strict=False))
-    fraction = differing / compared if len(outputs) == len(torch_outputs) else math.inf
+    # a missing or non-finite call on either side (no outputs to compare) counts as everything differing
+    fraction = differing / compared if compared and len(outputs) == len(torch_outputs) else math.inf
     config = ctx.config(world_size=8, exchange=exchange, calls=3, compiled_vs_reference=match)
     return Record(
         f"allreduce_n8_{exchange}_compiled_vs_torch_kernels",

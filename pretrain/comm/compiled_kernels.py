@@ -191,9 +191,10 @@ class CompiledKernels(CompressionKernels):
     def _map(self, plan: _RunPlan) -> SegmentMap | None:
         key = id(plan)
         if key not in self._maps:  # plans live as long as their engine, which holds this object
-            numel = plan.runs[-1].end - plan.runs[0].start
-            one = plan.one_segment
-            self._maps[key] = None if one else SegmentMap.of_runs(_plan_runs(plan), numel, self.device)
+            one = plan.one_segment  # the engine's plans tile [0, end) of what they describe
+            self._maps[key] = (
+                None if one else SegmentMap.of_runs(_plan_runs(plan), plan.runs[-1].end, self.device)
+            )
         return self._maps[key]
 
     def _chunks_map(self, plans: list[_RunPlan], offsets: list[int]) -> SegmentMap:
