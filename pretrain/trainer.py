@@ -38,6 +38,7 @@ from pretrain.diagnostics import Diagnostics, token_counts
 from pretrain.distributed import DistributedEnv, autocast_context, no_buffer_sync
 from pretrain.faults import FaultInjector
 from pretrain.gradient_sync import GradientSync
+from pretrain.host_memory import keep_freed_memory
 from pretrain.metrics import (
     ConsoleLogger,
     FanoutLogger,
@@ -82,6 +83,8 @@ class Trainer:
         _seed_everything(cfg.seed + env.rank)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
+        if cfg.keep_host_memory and env.device.type == "cpu":
+            keep_freed_memory()  # no page faults per step from large temporaries (pretrain/host_memory.py)
         self.run_dir = Path(cfg.run_dir)
         # data-parallel workers: processes x simulated workers per process (pretrain/simulated.py)
         self.workers = env.world_size * cfg.sim_world_size

@@ -53,6 +53,7 @@ from pretrain import faults
 from pretrain.comm.counter import TrafficCounter, compressed_call_traffic
 from pretrain.comm.kernels import get_kernels
 from pretrain.comm.layout import Run, ScaleLayout
+from pretrain.comm.norms import abs_row_sums
 from pretrain.comm.packing import BITS_PER_BYTE, SignPacker, get_packer
 from pretrain.comm.pipeline import PipelinedExchange, pieces_for
 
@@ -177,19 +178,32 @@ class _RunPlan:
         return math.sqrt(length) if self.root else float(length)
 
     def scales(self, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """out[i] ← the scale of segment i of ``values`` (1-D, laid out like the runs)."""
+        """out[i] ← the scale of segment i of ``values`` (1-D, laid out like the runs). 1-norms through
+        :func:`~pretrain.comm.norms.abs_row_sums` (fast on CPU), 2-norms through ``vector_norm``."""
+        if self.one_segment and not self.root:
+            (run,) = self.runs
+            abs_row_sums(values[run.start : run.end].view(1, -1), out)
+            return out.div_(self.divisor(run.row_length))
         if self.one_segment:  # the expression of spec §2 (and of DeepSpeed), for bitwise parity
             (run,) = self.runs
             norm = torch.linalg.vector_norm(values[run.start : run.end], self.order)
             return out.copy_((norm / self.divisor(run.row_length)).reshape(1))
         if self.single_bounds:
             pieces = [values[start:end] for start, end in self.single_bounds]
-            norms = torch.stack(torch._foreach_norm(pieces, self.order))
+            if self.root:
+                norms = torch.stack(torch._foreach_norm(pieces, self.order))
+            else:
+                norms = torch.empty(len(pieces), dtype=values.dtype, device=values.device)
+                for index, piece in enumerate(pieces):
+                    abs_row_sums(piece.view(1, -1), norms[index : index + 1])
             out.index_copy_(0, self.single_positions, norms.div_(self.single_divisors))
         for run, position in self.row_blocks:
             target = out[position : position + run.rows]
             rows = values[run.start : run.end].view(run.rows, run.row_length)
-            torch.linalg.vector_norm(rows, self.order, dim=1, out=target)
+            if self.root:
+                torch.linalg.vector_norm(rows, self.order, dim=1, out=target)
+            else:
+                abs_row_sums(rows, target)
             target.div_(self.divisor(run.row_length))
         return out
 

@@ -1,7 +1,8 @@
 """The compressed allreduce's elementwise passes, fused (issue #15): one pass over memory per step.
 
-Three operations make up the engine's arithmetic besides the scales' norms (which stay torch's
-``vector_norm`` in every implementation, so the scales, and with them every result, are the same):
+Three operations make up the engine's arithmetic besides the scales' norms (which every implementation
+takes from the same torch code, :mod:`pretrain.comm.norms`, so the scales, and with them every result,
+are the same):
 
 - ``compress_(values, scales, plan, packed)``: packed ← the signs of ``values`` (bit 1 for ``>= 0``,
   MSB first, :mod:`pretrain.comm.packing`), and ``values ← values − s·sign(values)`` with s the scale of

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pretrain.comm.layout import ScaleLayout
+from pretrain.comm.norms import abs_row_sums
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ def quantize(values: torch.Tensor, sign_scale: str = "rms", scale_dtype: str = "
     (what travels), and the error is taken against the rounded scale."""
     if sign_scale == "rms":
         scale = torch.linalg.vector_norm(values) / math.sqrt(values.numel())
-    else:
-        scale = torch.linalg.vector_norm(values, 1) / values.numel()
+    else:  # the engine's 1-norm (a sum order of its own on CPU, pretrain/comm/norms.py)
+        scale = abs_row_sums(values.reshape(1, -1), torch.empty(1, dtype=values.dtype))[0] / values.numel()
     if scale_dtype == "bfloat16":
         scale = scale.to(torch.bfloat16).to(values.dtype)
     signs = torch.where(values >= 0, 1.0, -1.0).to(values.dtype)

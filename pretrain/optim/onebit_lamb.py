@@ -114,7 +114,7 @@ from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.exact import worker_order_mean
 from pretrain.optim import compiled
 from pretrain.optim import functional as F
-from pretrain.optim.base import global_grad_norm
+from pretrain.optim.base import CPU_CHUNK_NUMEL, Workspace, global_grad_norm
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
 
 logger = logging.getLogger(__name__)
@@ -594,9 +594,7 @@ class OnebitLamb(OnebitOptimizer):
         for worker, sums in enumerate(self._square_sums):
             own = grads if segment.local is None else segment.views_of(segment.local[worker])
             for i, (row_sums, col_sums) in zip(positions, self._marginal_views(sums, segment)):
-                square = own[i].square()
-                row_sums.add_(square.sum(1))
-                col_sums.add_(square.sum(0))
+                _add_square_marginals(own[i], row_sums, col_sums, self.workspace)
 
     def _refresh_factored(self, segment: Any) -> None:
         """refresh_from=factored: the row and column sums' mean over workers and the K steps enter β2^K-EMAs;
@@ -811,6 +809,21 @@ class OnebitLamb(OnebitOptimizer):
         if live and self.stage is Stage.compression:
             statistics["live_coeff_mean"] = float(torch.cat(live).mean())
         return statistics
+
+
+def _add_square_marginals(matrix: Tensor, row_sums: Tensor, col_sums: Tensor, workspace: Workspace) -> None:
+    """row_sums += Σⱼ m², col_sums += Σᵢ m² for a matrix m, through the workspace: on CPU in blocks of rows
+    of at most `CPU_CHUNK_NUMEL` elements (no matrix-sized temporary; the squares stay in cache between
+    the two sums), elsewhere the whole matrix at once."""
+    rows, cols = matrix.shape
+    step = max(1, CPU_CHUNK_NUMEL // cols) if matrix.device.type == "cpu" else rows
+    scratch = workspace.flat(min(rows, step) * cols, matrix.device)
+    for first in range(0, rows, step):
+        block = matrix[first : first + step]
+        square = scratch[: block.numel()].view(block.shape)
+        torch.mul(block, block, out=square)
+        row_sums[first : first + step].add_(square.sum(1))
+        col_sums.add_(square.sum(0))
 
 
 def _block_sums(values: Tensor, block: int) -> Tensor:
