@@ -27,6 +27,9 @@ Writes results/bench/comm.json. Records:
   timed alternately in the same process). Target <= 30 bytes (issue #15; ~20 are unavoidable). The two
   virtual workers share one decode of the output, which a real rank does alone: about 4 bytes more per
   element for a rank than this figure (the decode measures ~8).
+- ``segment_l1_norms_ns_per_element``: the ``mean_abs`` scales' 1-norms of [rows, 768] segments (up to 64M
+  elements, one thread), ``pretrain/comm/norms.py`` against ATen's ``vector_norm(ord=1)``, alternated; the
+  2-norm's time in the config.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import torch.distributed as dist
 from bench.records import Record, results_name, write_records
 from launch.local import run_local
 from pretrain.comm import CompressedAllreduce, padded_numel
+from pretrain.comm.norms import abs_row_sums
 
 BERT_LARGE_NUMEL = 336_000_000
 QUICK_NUMEL = 16_000_000
@@ -312,6 +316,54 @@ def _bytes_moved_record(numel: int, repeats: int) -> Record:
     )
 
 
+NORM_ROW_LENGTH = 768  # BERT-Base's hidden size: the per-row and per-column segments' typical length
+
+
+def _segment_norms_record(numel: int, repeats: int) -> Record:
+    """One process, one thread: the `mean_abs` scales' 1-norms of [rows, 768] segments per element,
+    `pretrain/comm/norms.py` against ATen's `vector_norm(ord=1)`, alternated; the 2-norm alongside."""
+    rows = min(numel, PASSES_MAX_NUMEL) // NORM_ROW_LENGTH
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        values = torch.randn(rows, NORM_ROW_LENGTH, generator=torch.Generator().manual_seed(0))
+        out = torch.empty(rows)
+        ours: list[float] = []
+        aten: list[float] = []
+        two: list[float] = []
+        for repeat in range(repeats + 1):  # the first round warms up
+            for times, norm in (
+                (ours, lambda: abs_row_sums(values, out)),
+                (aten, lambda: torch.linalg.vector_norm(values, 1, dim=1, out=out)),
+                (two, lambda: torch.linalg.vector_norm(values, 2, dim=1, out=out)),
+            ):
+                started = time.perf_counter()
+                norm()
+                if repeat:
+                    times.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(previous_threads)
+    per_element = {
+        name: statistics.median(times) / values.numel() * 1e9
+        for name, times in (("ours", ours), ("aten", aten), ("two", two))
+    }
+    return Record(
+        "segment_l1_norms_ns_per_element",
+        per_element["ours"],
+        "ns/element",
+        peer="torch.linalg.vector_norm(ord=1, dim=1) of the same rows, same process, alternated",
+        peer_value=per_element["aten"],
+        target="informational: the mean_abs scales' 1-norms (pretrain/comm/norms.py); ratio < 1",
+        config={
+            "rows": rows,
+            "row_length": NORM_ROW_LENGTH,
+            "repeats": repeats,
+            "threads": 1,
+            "two_norm_ns_per_element": per_element["two"],
+        },
+    )
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench comm", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_NUMEL:,}-element timing buffer")
@@ -328,6 +380,7 @@ def main(argv: list[str]) -> None:
     records.extend(_timing_records(numel, args.repeats, note))
     records.append(_default_layout_record(numel, args.repeats, note))
     records.append(_bytes_moved_record(numel, args.repeats))
+    records.append(_segment_norms_record(numel, args.repeats))
     write_records(results_name("comm", numel != BERT_LARGE_NUMEL), records)
 
 

@@ -161,9 +161,6 @@ class TrainConfig:
     # per parameter family: 1-bit exchange fidelity, update sizes, vocabulary rows by token frequency
     # (pretrain/diagnostics.py), at log steps; costs an fp32 allreduce of the momentum there (not counted)
     diagnostics: bool = False
-    # CPU runs: glibc keeps freed memory for reuse instead of unmapping it (pretrain/host_memory.py);
-    # without it every large temporary faults in fresh pages each step
-    keep_host_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.log_every < 1:

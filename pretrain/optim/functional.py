@@ -87,11 +87,15 @@ def _scratch(workspace: list[Tensor] | None, like: list[Tensor]) -> list[Tensor]
     return workspace if workspace is not None else [torch.empty_like(t, dtype=torch.float32) for t in like]
 
 
-def adam_direction_(out: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], eps: float) -> None:
-    """out ← m / (√v + ε), built in place in `out` (no allocation)."""
+def adam_direction_(
+    out: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], eps: float, *, rooted: bool = False
+) -> None:
+    """out ← m / (√v + ε), built in place in `out` (no allocation). `rooted`: `exp_avg_sqs` holds √v + ε
+    already (1-bit LAMB's preconditioner divisors; elementwise sqrt and add round alike: the same bits)."""
     torch._foreach_copy_(out, exp_avg_sqs)
-    torch._foreach_sqrt_(out)
-    torch._foreach_add_(out, eps)
+    if not rooted:
+        torch._foreach_sqrt_(out)
+        torch._foreach_add_(out, eps)
     torch._foreach_reciprocal_(out)
     torch._foreach_mul_(out, exp_avgs)
 
@@ -189,12 +193,14 @@ def clamped_trust_ratio_step_(
     min_coeff: float,
     max_coeff: float,
     workspace: list[Tensor] | None = None,
+    rooted: bool = False,
 ) -> Tensor:
     """p ← p − η·c·u with u = m/(√v+ε) + λp and c = clamp(‖p‖/‖u‖, min_coeff, max_coeff) on every tensor
     (1 where a norm is 0): DeepSpeed LAMB's step for given moments (§1.2 steps 3-6, §3.4). Also 1-bit
-    LAMB's compression step with `trust_ratio=live` (m the compressed momentum, v frozen). Returns c."""
+    LAMB's compression step with `trust_ratio=live` (m the compressed momentum, v frozen; `rooted`: the
+    third list is √v+ε, as `adam_direction_`). Returns c."""
     updates = _scratch(workspace, params)
-    adam_direction_(updates, exp_avgs, exp_avg_sqs, eps)
+    adam_direction_(updates, exp_avgs, exp_avg_sqs, eps, rooted=rooted)
     if weight_decay != 0.0:
         torch._foreach_add_(updates, params, alpha=weight_decay)
     param_norms, update_norms = grad_norms(params), grad_norms(updates)

@@ -676,8 +676,9 @@ class OnebitLamb(OnebitOptimizer):
             raise ValueError("virtual workers need one beta1 for all parameter groups")
         self._exchange(segment, kappas, beta1=self.param_groups[0]["betas"][0])
         self._apply_masks()
+        divisors = segment.divisors  # √v+ε, kept in step with v (built by the preconditioned exchange)
         for group, span in self._group_slices():
-            self._compressed_update(group, prev_exp_avgs[span])
+            self._compressed_update(group, prev_exp_avgs[span], None if divisors is None else divisors[span])
 
     def _compiled_compression_step(self, segment: Any, grads: list[Tensor]) -> None:
         """`pretrain.optim.compiled.CompiledCompressionStep` over every group (live ratio, preconditioned)."""
@@ -722,11 +723,14 @@ class OnebitLamb(OnebitOptimizer):
                 self.state[p]["scaling_coeff"] = kappa.clone()
         return self._states(params, "scaling_coeff")
 
-    def _compressed_update(self, group: dict[str, Any], prev_exp_avgs: list[Tensor]) -> None:
+    def _compressed_update(
+        self, group: dict[str, Any], prev_exp_avgs: list[Tensor], divisors: list[Tensor] | None = None
+    ) -> None:
+        """`divisors`: the group's √v+ε where the exchange keeps them (the live step then skips the root)."""
         params = group["params"]
         if self.trust_ratio is not TrustRatio.frozen:
             tensors = [[self._fp32_param(p) for p in params], self._states(params, "exp_avg")]
-            tensors.append(self._states(params, "exp_avg_sq"))
+            tensors.append(self._states(params, "exp_avg_sq") if divisors is None else divisors)
             hyper = self._hyper(group)
             min_coeff, max_coeff = self._ratio_bounds(group)
             coeffs = self._chunked(
@@ -738,6 +742,7 @@ class OnebitLamb(OnebitOptimizer):
                 weight_decay=hyper["weight_decay"],
                 min_coeff=min_coeff,
                 max_coeff=max_coeff,
+                rooted=divisors is not None,
             )
             self._last_live_coeffs[id(group)] = coeffs
             return

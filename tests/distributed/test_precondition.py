@@ -140,3 +140,54 @@ def test_preconditioned_exchange():
     preconditioned_mean = sum(preconditioned_errors[10:]) / 20
     # the plain exchange's sign scale is set by the large columns; in u units the small ones are noise
     assert preconditioned_mean < 0.6 * plain_mean, (plain_mean, preconditioned_mean)
+
+
+def _divisor_run(rank: int, world_size: int) -> dict:
+    """Two real ranks (one worker each: the fused divide-and-transpose exchange), per-column scales, the
+    1-D tensor's variance live and the matrices' refreshed every 2 steps: after every compression step the
+    divisors the live step now divides by must be √v+ε of the current v, bit for bit."""
+    from pretrain.optim import OnebitLamb
+
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(ROWS, COLS, generator=generator))
+    bias = torch.nn.Parameter(torch.randn(COLS, generator=generator))
+    optimizer = OnebitLamb(
+        [weight, bias],
+        lr=1e-3,
+        freeze_step=2,
+        betas=(BETA1, 0.999),
+        eps=EPS,
+        compression="per_column",
+        sign_scale="mean_abs",
+        trust_ratio="live",
+        precondition=True,
+        exact_vectors=True,
+        live_vector_variance=True,
+        variance_refresh=2,
+        refresh_from="rank1",
+    )
+    mismatches, steps = [], 0
+    for step in range(9):
+        averaged = optimizer.needs_gradient_allreduce
+        for p in (weight, bias):
+            workers = [
+                _gradient(w, step)[: p.shape[0]] if p.dim() == 2 else _gradient(w, step)[0] for w in range(2)
+            ]
+            p.grad = torch.stack(workers).mean(0) if averaged else workers[rank].clone()
+        optimizer.step()
+        if averaged:
+            continue
+        steps += 1
+        (segment,) = optimizer._segments
+        for p, divisor in zip(segment.params, segment.divisors):
+            expected = optimizer.state[p]["exp_avg_sq"].sqrt().add_(EPS)
+            mismatches += [] if torch.equal(divisor, expected) else [(step, tuple(p.shape))]
+    return {"mismatches": mismatches, "compression_steps": steps, "weight": weight.detach().clone().tolist()}
+
+
+def test_the_divisors_follow_the_variance():
+    results = run_distributed(_divisor_run, 2, ())
+    for result in results:
+        assert result["compression_steps"] >= 6 and result["mismatches"] == [], result["mismatches"]
+    assert results[0]["weight"] == results[1]["weight"]  # the ranks stay in step

@@ -19,12 +19,20 @@ def test_quick_runs_write_their_own_file(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(bench.comm, "_traffic_records", lambda *a, **k: [record])
     monkeypatch.setattr(bench.comm, "_timing_records", lambda *a, **k: [])
     monkeypatch.setattr(bench.comm, "_default_layout_record", lambda *a, **k: record)
+    monkeypatch.setattr(bench.comm, "_segment_norms_record", lambda *a, **k: record)
     bench.comm.main(["--quick"])
     bench.comm.main(["--numel", "4096"])  # any reduced size is a quick run too
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["comm_quick.json"]
     bench.comm.main([])
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["comm.json", "comm_quick.json"]
     assert json.loads((tmp_path / "comm.json").read_text())[0]["name"] == "x"
+
+
+def test_the_segment_norms_record_times_both_norms():
+    record = bench.comm._segment_norms_record(200_000, repeats=2)
+    assert record.name == "segment_l1_norms_ns_per_element"
+    assert record.value > 0 and record.peer_value > 0 and record.config["two_norm_ns_per_element"] > 0
+    assert record.config["rows"] == 200_000 // bench.comm.NORM_ROW_LENGTH
 
 
 def test_results_name_and_atomic_write(tmp_path: Path):

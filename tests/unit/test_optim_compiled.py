@@ -94,3 +94,20 @@ def test_unsupported_reason_none_for_the_default():
         unsupported_reason(trust_ratio_live=True, precondition=True, virtual_workers=1, local_momentum=False)
         is None
     )
+
+
+def test_the_live_step_from_the_divisors_is_the_same_step():
+    """1-bit LAMB's eager live step divides by the exchange's divisors √v+ε instead of rooting v again."""
+    generator = torch.Generator().manual_seed(3)
+    shapes = [(64, 48), (48,), (7, 5)]
+    params = [torch.randn(*s, generator=generator) for s in shapes]
+    exp_avgs = [torch.randn(*s, generator=generator) for s in shapes]
+    exp_avg_sqs = [torch.rand(*s, generator=generator) * 1e-4 for s in shapes]
+    divisors = [v.sqrt().add_(1e-6) for v in exp_avg_sqs]
+    hyper = dict(lr=0.01, eps=1e-6, weight_decay=0.01, min_coeff=0.01, max_coeff=0.3)
+    from_v, from_divisors = [p.clone() for p in params], [p.clone() for p in params]
+    ratios = F.clamped_trust_ratio_step_(from_v, exp_avgs, exp_avg_sqs, **hyper)
+    rooted = F.clamped_trust_ratio_step_(from_divisors, exp_avgs, divisors, **hyper, rooted=True)
+    assert torch.equal(ratios, rooted)
+    assert all(torch.equal(a, b) for a, b in zip(from_v, from_divisors))
+    assert not torch.equal(from_v[0], params[0])
