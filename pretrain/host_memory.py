@@ -1,65 +1,60 @@
-"""Host memory: large CPU tensors on transparent huge pages.
+"""Host memory on CPU runs (opt-in, ``keep_host_memory=true``): keep freed memory in the process.
 
 glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and
-unmaps it on ``free``. A training step allocates and frees many buffers larger than that (BERT-Base: the
-tied word embedding's 94 MB gradient sum, the optimizers' scratch), so every step faulted in fresh 4 KiB
-pages: ~77,000 page faults per step and rank for a 1-bit LAMB step at 2 ranks on the 2-core bench machine
-(~250,000 before that step's own matrix-sized temporaries went), each paid in kernel time.
+unmaps it again on ``free``. A training step allocates many buffers larger than that and frees them before
+the next step (BERT-Base: the tied word embedding's 94 MB gradient sum, optimizer scratch), so every step
+touches freshly mapped pages: ~77,000 page faults per 1-bit LAMB step and rank at 2 ranks on the 2-core
+bench machine (~250,000 before that step's own matrix-sized temporaries went). ``keep_freed_memory()``
+turns that off (``mallopt``: no mmap'd chunks, no trimming of the heap), so freed blocks are reused and a
+warm step faults no pages at all.
 
-PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` aligns CPU allocations of 2 MiB and more to 2 MiB and advises the
-kernel to back them with transparent huge pages (``MADV_HUGEPAGE``): one fault per 2 MiB instead of 512
-(the 2 MiB-aligned interior of each allocation; its unaligned ends keep 4 KiB pages).
-Memory is still returned on ``free``, so the footprint does not change. (Keeping freed memory inside glibc
-instead, ``mallopt(M_MMAP_MAX, 0)``, removed every fault but fragmented the heap: +0.1 to +0.45 GB per rank,
-and BERT-Base at 4 compiled ranks no longer fit the 24 GB machine.)
+Measured (``python -m bench net --part=e2e``, 2026-11-26, BERT-Base at 1 Gbit/s, commit d24dfb3 where it
+was the default): LAMB's no-communication bound ran 1.214 samples/s against 1.018 in the run before it, and
+1-bit LAMB reached 1.86x LAMB at 2 ranks (1.46x before). The price is memory: glibc's heap fragments
+(PyTorch's aligned allocations cannot reuse a freed block of exactly their size until neighbours
+coalesce), +0.1 to +0.45 GB per rank at 4 eager ranks, and BERT-Base at 4 ranks with ``optim.compile``
+ran out of the machine's 24 GB. Hence opt-in: for runs with memory to spare. Transparent huge pages
+(PyTorch's ``THP_MEM_ALLOC_ENABLE=1``) cut the faults only to ~30,000 per step and made every variant
+slower in the same benchmark (the bound 0.83 samples/s), so they are not used.
 
-PyTorch reads the variable once, at its first CPU allocation, so importing the ``pretrain`` package sets it
-(:func:`request_huge_pages`, unless the environment already sets it: ``THP_MEM_ALLOC_ENABLE=0`` opts out),
-and the trainer reports with :func:`huge_pages_in_use` whether it took. The kernel must allow THP
-(``/sys/kernel/mm/transparent_hugepage/enabled``: ``always`` or ``madvise``); with ``never`` the advice is
-ignored and nothing changes. On GPU machines it applies to host tensors only (checkpoints, data); device
-memory goes through CUDA's caching allocator.
+Only glibc has these knobs; elsewhere (musl, macOS) this is a no-op that says so. GPU runs allocate their
+tensors through CUDA's caching allocator and do not need it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
-import os
 import platform
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ENV = "THP_MEM_ALLOC_ENABLE"
-HUGE_PAGE = 2 << 20
-KERNEL_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# mallopt(3) parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+# the largest trim threshold mallopt takes (an int): the heap is never trimmed in practice
+NEVER_TRIM = 2**31 - 1
+
+_applied: bool | None = None
 
 
-def kernel_allows_huge_pages() -> bool:
-    """The kernel's THP mode is `always` or `madvise` (Linux only)."""
-    try:
-        mode = KERNEL_SETTING.read_text()
-    except OSError:
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc serve every allocation from its heap and never trim it (module docstring).
+    Returns whether it applies; idempotent (process-wide, the first call decides)."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    _applied = False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        log.info("keep_host_memory: not glibc (%s); malloc left as is", platform.libc_ver()[0] or "unknown")
         return False
-    return "[always]" in mode or "[madvise]" in mode
-
-
-def huge_pages_in_use() -> bool:
-    """Large CPU tensors of this process land on huge pages: a 32 MiB tensor, touched once, takes far fewer
-    page faults than its 8,192 small pages (~530 with huge pages: the 2 MiB-aligned interior faults once per
-    huge page, the unaligned ends page by page). PyTorch's setting and the kernel's together."""
-    import resource
-
-    import torch
-
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    probe = torch.ones(16 * HUGE_PAGE // 4, dtype=torch.float32)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    del probe
-    return faults < 16 * HUGE_PAGE // 4096 // 4
-
-
-def request_huge_pages() -> None:
-    """Set ``THP_MEM_ALLOC_ENABLE=1`` unless the environment sets it (call before any CPU allocation)."""
-    if platform.system() == "Linux":
-        os.environ.setdefault(ENV, "1")
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        log.info("keep_host_memory: mallopt not found, malloc left as it is")
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _applied = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    if not _applied:
+        log.warning("keep_host_memory: mallopt refused; large temporaries will fault fresh pages each step")
+    return _applied

@@ -38,8 +38,7 @@ from pretrain.diagnostics import Diagnostics, token_counts
 from pretrain.distributed import DistributedEnv, autocast_context, no_buffer_sync
 from pretrain.faults import FaultInjector
 from pretrain.gradient_sync import GradientSync
-from pretrain.host_memory import ENV as HUGE_PAGES_ENV
-from pretrain.host_memory import huge_pages_in_use, kernel_allows_huge_pages
+from pretrain.host_memory import keep_freed_memory
 from pretrain.metrics import (
     ConsoleLogger,
     FanoutLogger,
@@ -84,8 +83,8 @@ class Trainer:
         _seed_everything(cfg.seed + env.rank)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
-        if env.device.type == "cpu" and env.rank == 0:
-            _log_host_pages()
+        if cfg.keep_host_memory and env.device.type == "cpu":
+            keep_freed_memory()  # no page faults per step from large temporaries (pretrain/host_memory.py)
         self.run_dir = Path(cfg.run_dir)
         # data-parallel workers: processes x simulated workers per process (pretrain/simulated.py)
         self.workers = env.world_size * cfg.sim_world_size
@@ -646,20 +645,6 @@ def _onebit_bytes(optimizer: Any) -> float:
     """Cumulative bytes a 1-bit optimizer sent itself (compressed calls, exact exchanges; 0 for others)."""
     traffic = getattr(optimizer, "traffic", None)
     return float(traffic.bytes_sent) if traffic is not None else 0.0
-
-
-def _log_host_pages() -> None:
-    """Whether large CPU tensors get huge pages (pretrain/host_memory.py): each step's temporaries fault
-    512 times less often when they do."""
-    if huge_pages_in_use():
-        log.info("host memory: large tensors on transparent huge pages (%s=1)", HUGE_PAGES_ENV)
-    else:
-        log.info(
-            "host memory: 4 KiB pages (%s=%s, kernel THP %s); large temporaries fault on every step",
-            HUGE_PAGES_ENV,
-            os.environ.get(HUGE_PAGES_ENV, "unset"),
-            "allowed" if kernel_allows_huge_pages() else "off",
-        )
 
 
 def _resolve_precision(precision: Precision, device: torch.device) -> Precision:

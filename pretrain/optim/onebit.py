@@ -88,7 +88,7 @@ from torch import Tensor
 from pretrain.comm import CompressedAllreduce, TrafficCounter, padded_numel
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.layout import Block, ScaleLayout
-from pretrain.optim.base import OptimizerBase, Workspace, evaluate_closure, global_grad_norm
+from pretrain.optim.base import OptimizerBase, evaluate_closure, global_grad_norm
 
 logger = logging.getLogger(__name__)
 
@@ -271,35 +271,6 @@ class MomentumSegment:
     def from_exchange_layout_(self, flat: Tensor) -> None:
         """Undo `to_exchange_layout_`."""
         self._transpose_(flat, back=True)
-
-    def divide_into_exchange_layout_(self, divisors: list[Tensor], workspace: Workspace) -> None:
-        """`buffer` ← buffer / divisors, then `to_exchange_layout_`, in one strided pass per transposed
-        tensor (into the workspace, copied back) where that takes three (divide, transpose into a
-        temporary, copy back); the same bits (the division is elementwise, transposing exact)."""
-        assert self.transposed is not None
-        plain = [(view, divisor) for view, divisor, t in zip(self.views, divisors, self.transposed) if not t]
-        if plain:
-            torch._foreach_div_([view for view, _ in plain], [divisor for _, divisor in plain])
-        for view, divisor, transposed in zip(self.views, divisors, self.transposed):
-            if transposed:
-                rows, cols = view.shape
-                exchanged = workspace.flat(view.numel(), view.device).view(cols, rows)
-                torch.div(view.t(), divisor.t(), out=exchanged)
-                view.view(-1).copy_(exchanged.view(-1))
-
-    def multiply_out_of_exchange_layout_(self, divisors: list[Tensor], workspace: Workspace) -> None:
-        """Undo `divide_into_exchange_layout_`: `from_exchange_layout_`, then buffer ← buffer · divisors,
-        with one strided pass per transposed tensor; the same bits."""
-        assert self.transposed is not None
-        plain = [(view, divisor) for view, divisor, t in zip(self.views, divisors, self.transposed) if not t]
-        if plain:
-            torch._foreach_mul_([view for view, _ in plain], [divisor for _, divisor in plain])
-        for view, divisor, transposed in zip(self.views, divisors, self.transposed):
-            if transposed:
-                rows, cols = view.shape
-                exchanged = workspace.flat(view.numel(), view.device)
-                exchanged.copy_(view.view(-1))
-                torch.mul(exchanged.view(cols, rows).t(), divisor, out=view)
 
     def _transpose_(self, flat: Tensor, *, back: bool) -> None:
         if self.transposed is None:
@@ -610,23 +581,17 @@ class OnebitOptimizer(OptimizerBase):
         if probe is not None:
             probe.before_exchange(local, self.world_size, self.group)
         divisors = self._divisors(segment) if self.exchange.precondition else None
-        if divisors is not None and segment.local is None and kappas is None and segment.transposed:
-            # one pass per transposed tensor each way instead of three (same bits)
-            segment.divide_into_exchange_layout_(divisors, self.workspace)
+        if divisors is not None:
+            for row in [local] if local.dim() == 1 else list(local):
+                torch._foreach_div_(segment.views_of(row), divisors)
+        segment.to_exchange_layout_(local)
+        if segment.local is None:
             compressor(segment.buffer)
-            segment.multiply_out_of_exchange_layout_(divisors, self.workspace)
         else:
-            if divisors is not None:
-                for row in [local] if local.dim() == 1 else list(local):
-                    torch._foreach_div_(segment.views_of(row), divisors)
-            segment.to_exchange_layout_(local)
-            if segment.local is None:
-                compressor(segment.buffer)
-            else:
-                compressor(segment.local, out=segment.buffer)
-            segment.from_exchange_layout_(segment.buffer)
-            if divisors is not None:
-                torch._foreach_mul_(segment.views, divisors)
+            compressor(segment.local, out=segment.buffer)
+        segment.from_exchange_layout_(segment.buffer)
+        if divisors is not None:
+            torch._foreach_mul_(segment.views, divisors)
         if probe is not None:
             probe.after_exchange(segment.buffer, segment.params, kappas)
         if kappas is not None:

@@ -143,9 +143,9 @@ def test_preconditioned_exchange():
 
 
 def _divisor_run(rank: int, world_size: int) -> dict:
-    """Two real ranks (one worker each: the fused divide-and-transpose exchange), per-column scales, the
-    1-D tensor's variance live and the matrices' refreshed every 2 steps: after every compression step the
-    divisors the live step now divides by must be √v+ε of the current v, bit for bit."""
+    """Two real ranks, per-column scales, the 1-D tensor's variance live and the matrices' refreshed every
+    2 steps: after every compression step the divisors the live step divides by (instead of rooting v
+    again) must be √v+ε of the current v, bit for bit."""
     from pretrain.optim import OnebitLamb
 
     torch.set_num_threads(1)
