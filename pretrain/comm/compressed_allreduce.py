@@ -149,8 +149,9 @@ class ErrorStateMismatch(ValueError):
 class _RunPlan:
     """One list of runs prepared for the engine: the scale of every segment, and segment-wise scaling.
 
-    Single-row runs (a whole tensor, a piece of one) are handled together by one `_foreach` call;
-    each multi-row run (an embedding's rows) by one call on a [rows, row_length] view.
+    Single-row runs (a whole tensor, a piece of one) are scaled by one `_foreach` call (their 2-norms
+    taken by one too, their 1-norms run by run); each multi-row run (an embedding's rows, a transposed
+    matrix's columns) by one call on a [rows, row_length] view.
     """
 
     def __init__(self, runs: list[Run], sign_scale: SignScale, device: torch.device) -> None:

@@ -299,15 +299,14 @@ def live_scalars(
 
 
 def preconditioned_momentum_(
-    exp_avg: Tensor, grad: Tensor, divisor: Tensor, out: Tensor, scalars: Tensor, *, transposed: bool
+    exp_avg: Tensor, grad: Tensor, divisor: Tensor, out: Tensor, scalars: Tensor
 ) -> None:
     """out ← (β1·m + (1−β1)·g)/d, the value a worker sends in the preconditioned exchange (one pass,
-    written for `torch.compile`). `out` is the tensor's place in the exchange layout: [columns, rows] when
-    `transposed` (the matrix goes out column by column), else the same shape as m. m itself is not
-    written: the exchange replaces it (`live_norms_`)."""
+    written for `torch.compile`; all four alike in shape). `out` is the tensor's place in the exchange
+    layout, or m itself for a matrix that goes out transposed (`pretrain.optim.compiled`): m is not needed
+    after this, the exchange replaces it (`live_norms_`)."""
     beta1 = scalars[0]
-    sent = (exp_avg * beta1 + grad * (1.0 - beta1)) / divisor
-    out.copy_(sent.t() if transposed else sent)
+    out.copy_((exp_avg * beta1 + grad * (1.0 - beta1)) / divisor)
 
 
 def live_norms_(
