@@ -170,13 +170,13 @@ def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
         clamp_ratio=False, lr=1e-3, eps=1e-6, weight_decay=0.01, bias_correction1=0.1,
         bias_correction2_sqrt=0.03, grad_scale=1.0, beta1=0.9, beta2=0.999,
     )  # fmt: skip
-    norms = torch.ones(2)
+    coeffs = torch.tensor([1.0, 1e-3])
     with torch.no_grad():
         return interleaved_medians(
             {
                 "adamw": adamw.step,
-                "direction": lambda: direction(flat, grad, exp_avg, exp_avg_sq, scalars),
-                "apply": lambda: apply(flat, exp_avg, exp_avg_sq, norms, scalars, clamp_ratio=False),
+                "direction": lambda: direction(flat, grad, exp_avg, exp_avg_sq, scalars, clamp_ratio=False),
+                "apply": lambda: apply(flat, exp_avg, exp_avg_sq, coeffs, scalars),
                 "norm_aten": lambda: torch.linalg.vector_norm(grad),
                 "norm_dot": lambda: torch.dot(grad, grad),
             },

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from data.dataset import PretrainingDataset
 from pretrain.optim import OnebitLamb
+from pretrain.optim.base import flat_views
 
 FAMILIES = (
     "word_embeddings",
@@ -185,7 +186,8 @@ class Diagnostics:
             self._fidelity[family] = self._fidelity.get(family, torch.zeros_like(sums)) + sums
             variance = self.optimizer.state[p].get("exp_avg_sq")
             if variance is not None:
-                divisor = variance.reshape(-1).sqrt().add_(self._eps.get(id(p), 1e-8))
+                # in memory order, as the momentum buffer holds it (column-major `per_column` matrices)
+                divisor = flat_views(variance)[0].sqrt().add_(self._eps.get(id(p), 1e-8))
                 sums = _fidelity_sums(compressed / divisor, exact / divisor)
                 self._step_fidelity[family] = self._step_fidelity.get(family, torch.zeros_like(sums)) + sums
         self._exact = None

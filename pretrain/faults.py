@@ -119,7 +119,7 @@ class FaultInjector:
         for fault in self.faults:
             if fault.step == step and fault.action in ("nan", "inf"):
                 grad = next(p.grad for p in params if p.grad is not None)
-                grad.view(-1)[0] = float("nan") if fault.action == "nan" else float("inf")
+                grad[(0,) * grad.dim()] = float("nan") if fault.action == "nan" else float("inf")
 
 
 def inside(point: str) -> None:

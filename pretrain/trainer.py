@@ -48,10 +48,11 @@ from pretrain.metrics import (
     WandbLogger,
     scrub_secrets,
 )
-from pretrain.model import PretrainingObjective, build_model
+from pretrain.model import PretrainingObjective, build_model, column_major_linear_weights_
 from pretrain.optim import build_optimizer, needs_gradient_allreduce, param_groups
 from pretrain.optim.base import split_replicated
 from pretrain.optim.config import GradAllreduce
+from pretrain.optim.onebit import Compression
 from pretrain.optim.schedule import build_scheduler
 from pretrain.phase_data import PhaseData, phase_folder
 from pretrain.precision import DynamicLossScaler, NoScaler
@@ -95,6 +96,8 @@ class Trainer:
             )
         self.tokenizer, vocab_size = self._check_data()
         self.model = build_model(cfg.model, vocab_size, env.device)
+        if Compression(getattr(cfg.optim, "compression", Compression.deepspeed)) is Compression.per_column:
+            column_major_linear_weights_(self.model)  # the 1-bit exchange's layout (before DDP sees them)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.precision = _resolve_precision(cfg.precision, env.device)
         grad_dtype = getattr(torch, GradAllreduce(cfg.optim.grad_allreduce).value)

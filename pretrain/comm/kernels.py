@@ -298,19 +298,26 @@ def _numba_functions() -> dict[str, Any]:
                     i += 1
 
     @jit
-    def decode(packed, runs, scales, out, table):
+    def decode(packed, runs, scales, scale_bits, out, out_bits, table):
+        # A row's whole bytes through `_signed` over views counted from 0 (vectorised: 0.26 against 0.35 ns
+        # per element with the sign table, one thread, 64M elements; issue #15), its ends from the table.
         for r in range(runs.shape[0]):
             start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
             for row in range(rows):
                 s = scales[first + row]
                 i, end = start + row * length, start + (row + 1) * length
-                while i < end:
-                    if (i & 7) == 0 and i + 8 <= end:
-                        row_of_table = packed[i >> 3]
-                        for j in range(8):
-                            out[i + j] = s * table[row_of_table, j]
-                        i += 8
-                        continue
+                while i < end and ((i & 7) != 0 or end - i < 8):  # up to a byte boundary (or the row's end)
+                    out[i] = s * table[packed[i >> 3], i & 7]
+                    i += 1
+                whole = (end - i) >> 3
+                if whole > 0:
+                    _signed(
+                        out_bits[i : i + 8 * whole],
+                        packed[i >> 3 : (i >> 3) + whole],
+                        scale_bits[first + row],
+                    )
+                    i += 8 * whole
+                while i < end:  # the rest of the row
                     out[i] = s * table[packed[i >> 3], i & 7]
                     i += 1
 
@@ -374,8 +381,15 @@ class NumbaKernels(CompressionKernels):
         )
 
     def decode_(self, packed: torch.Tensor, scales: torch.Tensor, plan: _RunPlan, out: torch.Tensor) -> None:
+        scales = scales.reshape(-1)
         self._functions["decode"](
-            packed.reshape(-1).numpy(), self._runs(plan), scales.reshape(-1).numpy(), out.numpy(), self._signs
+            packed.reshape(-1).numpy(),
+            self._runs(plan),
+            scales.numpy(),
+            scales.view(torch.int32).numpy().view(np.uint32),
+            out.numpy(),
+            out.numpy().view(np.uint32),
+            self._signs,
         )
 
 

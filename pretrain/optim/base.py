@@ -63,7 +63,7 @@ def global_grad_norm(grads: list[Tensor]) -> Tensor:
     if not grads:
         return torch.zeros((), dtype=torch.float32)
     if grads[0].device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
-        flat = [g.reshape(-1) for g in grads]
+        flat = [flat_views(g)[0] for g in grads]
         return torch.stack([torch.dot(g, g) for g in flat]).sum().sqrt()
     return global_norm(F.grad_norms(grads))
 
@@ -105,13 +105,42 @@ class Workspace:
         return self._buffer[:numel]
 
     def views(self, tensors: list[Tensor]) -> list[Tensor]:
-        """Scratch views shaped like `tensors`, all from one buffer."""
-        buffer = self.flat(sum(t.numel() for t in tensors), tensors[0].device)
-        views, offset = [], 0
-        for t in tensors:
-            views.append(buffer[offset : offset + t.numel()].view(t.shape))
-            offset += t.numel()
-        return views
+        """Scratch views shaped (and strided) like `tensors`, all from one buffer."""
+        return views_like(self.flat(sum(t.numel() for t in tensors), tensors[0].device), tensors)
+
+
+def views_like(flat: Tensor, tensors: list[Tensor]) -> list[Tensor]:
+    """Consecutive views of the 1-D `flat`, one per tensor, with its shape and memory order: a row-major
+    tensor's view is row-major, a column-major matrix's (`pretrain.model.column_major_linear_weights_`)
+    column-major. Elementwise ops between tensors of one memory order run at contiguous speed; mixing
+    them reads one side transposed."""
+    views, offset = [], 0
+    for t in tensors:
+        piece = flat[offset : offset + t.numel()]
+        views.append(piece.view(t.shape) if _row_major(t) else piece.view(t.shape[1], t.shape[0]).t())
+        offset += t.numel()
+    return views
+
+
+def flat_views(*tensors: Tensor) -> list[Tensor]:
+    """The tensors' elements in memory order as 1-D views (`view(-1)`, or a column-major matrix's
+    transpose's), for the compiled kernels, which take every tensor flat: element i of one is element i
+    of the others only if all share one memory order, which is checked (ValueError otherwise)."""
+    orders = [_row_major(t) for t in tensors]
+    if len(set(orders)) > 1:
+        raise ValueError(f"tensors of one step in different memory orders: {[t.stride() for t in tensors]}")
+    return [t.view(-1) if row_major else t.t().view(-1) for t, row_major in zip(tensors, orders)]
+
+
+def _row_major(t: Tensor) -> bool:
+    """True for a contiguous tensor, False for a column-major matrix; anything else is refused."""
+    if t.is_contiguous():
+        return True
+    if t.dim() == 2 and t.t().is_contiguous():
+        return False
+    raise ValueError(
+        f"optimizer tensors must be row-major, or column-major matrices; got strides {t.stride()}"
+    )
 
 
 class OptimizerBase(torch.optim.Optimizer):

@@ -8,13 +8,16 @@ four per tensor (items 1, 3-5; five for a `per_column` matrix), each one `torch.
 (Inductor: vectorised C++ on CPU, Triton on GPU):
 
 1. `preconditioned_momentum_`: x = (β1·m + (1−β1)·g)/d, written into the exchange layout of a scratch
-   buffer; a `per_column` matrix's x is written into m itself (the exchange replaces m) and goes out by a
-   tiled transposed copy: one kernel writing xᵀ from three row-major inputs took 2.9 ns per element on
-   CPU, the contiguous kernel plus the copy 0.9 + 1.3 (BERT-Base at 2 ranks: 0.31 → 0.21 s per step);
+   buffer. A `per_column` matrix stored column-major (the trainer's, `pretrain.model`) is already in that
+   layout; a row-major one's x is written into m itself (the exchange replaces m) and goes out by a tiled
+   transposed copy: one kernel writing xᵀ from three row-major inputs took 2.9 ns per element on CPU, the
+   contiguous kernel plus the copy 0.9 + 1.3 (BERT-Base at 2 ranks: 0.31 → 0.21 s per step). Every kernel
+   takes its tensors flat in memory order (`base.flat_views`, which refuses operands of mixed orders);
 2. the compressed allreduce on that scratch buffer (the engine's own passes, `pretrain.comm`);
 3. for a transposed matrix, one tiled transposed copy of its average ū back into m;
-4. `live_norms_`: m ← ū·d and the norms ‖p‖, ‖m/d + λp‖;
-5. `live_apply_`: p ← p − η·c·(m/d + λp), c LAMB's clamped ratio.
+4. `live_ratio_`: m ← ū·d, the norms ‖p‖, ‖m/d + λp‖ and from them c, LAMB's clamped ratio;
+5. `live_apply_`: p ← p − η·c·(m/d + λp), the element loop alone (the ratio's scalar arithmetic in the same
+   graph kept Inductor's CPU code from running the loop on more than one thread).
 
 The scratch buffer is the segment's momentum snapshot (`MomentumSegment.scratch()`), which the frozen rule's
 eager step uses; the eager live step does not allocate it, so the compiled step holds one momentum-sized fp32
@@ -42,6 +45,7 @@ import torch
 from torch import Tensor
 
 from pretrain.optim import functional as F
+from pretrain.optim.base import flat_views
 
 _COMPILED: dict[str, Callable[..., Any]] = {}
 
@@ -54,10 +58,15 @@ COMPILED_MIN_NUMEL = 1 << 16
 
 def compiled(function: Callable[..., Any]) -> Callable[..., Any]:
     """`torch.compile(function, dynamic=True)`, made once per process and shared by every optimizer: one
-    graph per kind of input (transposed or not, 1-D or 2-D) serves every tensor size and every step."""
+    graph per kind of input (transposed or not, 1-D or 2-D) serves every tensor size and every step.
+
+    With Inductor's `cpp.dynamic_threads`: its CPU code otherwise decides at compile time, from a size hint,
+    whether a loop runs on all threads, and a graph recompiled for a new kind of input (e.g. tensors that
+    do not require grad) came out single-threaded: LAMB's apply kernel at 0.94 of fused AdamW's time on a
+    64M-element tensor at 2 threads instead of 0.63 (`bench optim`, issue #15). No effect on Triton."""
     name = function.__name__
     if name not in _COMPILED:
-        _COMPILED[name] = torch.compile(function, dynamic=True)
+        _COMPILED[name] = torch.compile(function, dynamic=True, options={"cpp.dynamic_threads": True})
     return _COMPILED[name]
 
 
@@ -115,7 +124,7 @@ class CompiledCompressionStep:
     def __init__(self) -> None:
         self._momentum = compiled(F.preconditioned_momentum_)
         self._transpose = compiled(transpose_into_)
-        self._norms = compiled(F.live_norms_)
+        self._ratio = compiled(F.live_ratio_)
         self._apply = compiled(F.live_apply_)
 
     def __call__(
@@ -128,12 +137,12 @@ class CompiledCompressionStep:
             for m, g, d, out, transposed in zip(
                 group.exp_avgs, group.grads, group.divisors, group.exchange_views, group.transposed
             ):
-                flat_m, flat_g, flat_d = m.view(-1), g.reshape(-1), d.view(-1)  # one graph for every shape
+                flat_m, flat_g, flat_d, flat_out = flat_views(m, g, d, out)  # one graph for every shape
                 if transposed:  # x into m itself (the exchange replaces it), then the tiled transpose
                     self._momentum(flat_m, flat_g, flat_d, flat_m, group.scalars)
                     self._transpose(m, out)
                 else:
-                    self._momentum(flat_m, flat_g, flat_d, out.view(-1), group.scalars)
+                    self._momentum(flat_m, flat_g, flat_d, flat_out, group.scalars)
         scratch[numel:].copy_(buffer[numel:])  # the pad takes part in the exchange, as in the eager path
         exchange(scratch)
         buffer[numel:].copy_(scratch[numel:])
@@ -146,13 +155,14 @@ class CompiledCompressionStep:
             for p, m, d, view, transposed in zip(
                 group.params, group.exp_avgs, group.divisors, group.exchange_views, group.transposed
             ):
-                flat_p, flat_m, flat_d = p.view(-1), m.view(-1), d.view(-1)
+                flat_p, flat_m, flat_d = flat_views(p, m, d)
                 if transposed:
                     self._transpose(view, m)
-                    norms = self._norms(flat_m, flat_d, flat_p, group.scalars)
+                    coeffs = self._ratio(flat_m, flat_d, flat_p, group.scalars)
                 else:
-                    norms = self._norms(flat_m, flat_d, flat_p, group.scalars, view.view(-1))
-                group_ratios.append(self._apply(flat_p, flat_m, flat_d, norms, group.scalars))
+                    coeffs = self._ratio(flat_m, flat_d, flat_p, group.scalars, flat_views(m, view)[1])
+                self._apply(flat_p, flat_m, flat_d, coeffs, group.scalars)
+                group_ratios.append(coeffs[0])
             ratios.append(torch.stack(group_ratios) if group_ratios else torch.zeros(0, device=buffer.device))
         return ratios
 
@@ -178,7 +188,8 @@ class CompiledWarmupStep:
     ) -> Tensor:
         ratios = []
         for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-            p, g, m, v = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1)
-            norms = self._direction(p, g, m, v, scalars)
-            ratios.append(self._apply(p, m, v, norms, scalars, clamp_ratio=clamp_ratio))
+            p, g, m, v = flat_views(p, g, m, v)
+            coeffs = self._direction(p, g, m, v, scalars, clamp_ratio=clamp_ratio)
+            self._apply(p, m, v, coeffs, scalars)
+            ratios.append(coeffs[0])
         return torch.stack(ratios)

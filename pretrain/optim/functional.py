@@ -32,7 +32,7 @@ __all__ = [
     "lamb_tensor_apply_",
     "lamb_tensor_direction_",
     "live_apply_",
-    "live_norms_",
+    "live_ratio_",
     "live_scalars",
     "local_momentum_",
     "nvlamb_update_",
@@ -216,17 +216,21 @@ def lamb_tensor_direction_(
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     scalars: Tensor,
+    *,
+    clamp_ratio: bool,
 ) -> Tensor:
     """First half of one tensor's LAMB step, written for `torch.compile` (one fused loop).
 
-    Moments as `adam_moments_`, then the norms of p and of the direction u = a·m/(√v + e) + λp. Returns
-    [‖p‖, ‖u‖]. u is not stored: `lamb_tensor_apply_` forms it again from m and v. A stored u cost a
-    write stream (with write-allocate, a read and a write of a parameter-sized buffer) and a read stream;
-    forming it twice costs a read of m and v instead, and compute that hides under the memory traffic
-    (`bench optim`'s `lamb_kernel_*` records: issue #15). Everything that changes between steps, and the
-    betas, arrive in the 1-D tensor `scalars` (`lamb_kernel_scalars`): one compiled graph serves every
-    step, no scalar power or root is re-evaluated inside the generated element loop, and a call wraps no
-    Python float (each float argument costs a tensor conversion per call).
+    Moments as `adam_moments_`, then the norms of p and of the direction u = a·m/(√v + e) + λp, and from
+    them the trust ratio r = ‖p‖/‖u‖ (1 where a norm is 0), clamped to [min, max] if `clamp_ratio`
+    (deepspeed), else applied only where λ ≠ 0 (nvlamb). Returns [r, η·b·r], the second the factor
+    `lamb_tensor_apply_` steps by. u is not stored: `lamb_tensor_apply_` forms it again from m and v. A
+    stored u cost a write stream (with write-allocate, a read and a write of a parameter-sized buffer) and
+    a read stream; forming it twice costs a read of m and v instead, and compute that hides under the
+    memory traffic (`bench optim`'s `lamb_kernel_*` records: issue #15). Everything that changes between
+    steps, and the betas, arrive in the 1-D tensor `scalars` (`lamb_kernel_scalars`): one compiled graph
+    serves every step, no scalar power or root is re-evaluated inside the generated element loop, and a
+    call wraps no Python float (each float argument costs a tensor conversion per call).
     """
     grad_scale = scalars[1]
     beta1, one_minus_beta1, beta2, one_minus_beta2 = scalars[8], scalars[9], scalars[10], scalars[11]
@@ -234,7 +238,24 @@ def lamb_tensor_direction_(
     exp_avg.mul_(beta1).add_(scaled_grad * one_minus_beta1)
     exp_avg_sq.mul_(beta2).add_(scaled_grad * scaled_grad * one_minus_beta2)
     update = _lamb_direction(param, exp_avg, exp_avg_sq, scalars)
-    return torch.stack([torch.linalg.vector_norm(param), torch.linalg.vector_norm(update)])
+    lr, weight_decay, step_scale = scalars[0], scalars[4], scalars[5]
+    ratio = _trust_ratio(
+        torch.linalg.vector_norm(param),
+        torch.linalg.vector_norm(update),
+        (scalars[6], scalars[7]) if clamp_ratio else None,
+    )
+    if not clamp_ratio:
+        ratio = torch.where(weight_decay != 0, ratio, 1.0)
+    return torch.stack([ratio, lr * step_scale * ratio])
+
+
+def _trust_ratio(param_norm: Tensor, update_norm: Tensor, clamp: tuple[Tensor, Tensor] | None) -> Tensor:
+    """‖p‖/‖u‖, 1 where a norm is 0; clamped to `clamp` = (min, max) where usable, if given."""
+    usable = (param_norm > 0) & (update_norm > 0)
+    ratio = torch.where(usable, param_norm / torch.where(usable, update_norm, 1.0), 1.0)
+    if clamp is not None:
+        ratio = torch.where(usable, ratio.clamp(*clamp), 1.0)
+    return ratio
 
 
 def _lamb_direction(param: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, scalars: Tensor) -> Tensor:
@@ -244,22 +265,13 @@ def _lamb_direction(param: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, scalars:
 
 
 def lamb_tensor_apply_(
-    param: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, norms: Tensor, scalars: Tensor, *, clamp_ratio: bool
-) -> Tensor:
-    """Second half: p ← p − η·b·r·u, u formed again from the updated moments, with r = ‖p‖/‖u‖ (1 where
-    a norm is 0), clamped to [min, max] if `clamp_ratio` (deepspeed), else applied only where λ ≠ 0
-    (nvlamb). Returns r (0-dim)."""
-    lr, weight_decay, step_scale = scalars[0], scalars[4], scalars[5]
-    min_coeff, max_coeff = scalars[6], scalars[7]
-    param_norm, update_norm = norms.unbind()
-    usable = (param_norm > 0) & (update_norm > 0)
-    ratio = torch.where(usable, param_norm / torch.where(usable, update_norm, 1.0), 1.0)
-    if clamp_ratio:
-        ratio = torch.where(usable, ratio.clamp(min_coeff, max_coeff), 1.0)
-    else:
-        ratio = torch.where(weight_decay != 0, ratio, 1.0)
-    param.sub_(_lamb_direction(param, exp_avg, exp_avg_sq, scalars) * (lr * step_scale * ratio))
-    return ratio
+    param: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, coeffs: Tensor, scalars: Tensor
+) -> None:
+    """Second half: p ← p − η·b·r·u, u formed again from the updated moments, η·b·r = coeffs[1] from
+    `lamb_tensor_direction_`. Only the element loop: with the ratio's scalar arithmetic in the same graph,
+    Inductor's CPU code ran the loop on one thread (0.94 of fused AdamW's time on a 64M-element tensor at 2
+    threads, 0.62 without it: issue #15)."""
+    param.sub_(_lamb_direction(param, exp_avg, exp_avg_sq, scalars) * coeffs[1])
 
 
 def lamb_kernel_scalars(
@@ -309,28 +321,27 @@ def preconditioned_momentum_(
     out.copy_((exp_avg * beta1 + grad * (1.0 - beta1)) / divisor)
 
 
-def live_norms_(
+def live_ratio_(
     exp_avg: Tensor, divisor: Tensor, param: Tensor, scalars: Tensor, source: Tensor | None = None
 ) -> Tensor:
     """m ← ū·d from the exchanged average ū (`source`, or m itself when the caller already copied ū into
-    it), then [‖p‖, ‖u‖] for the step direction u = m/d + λp, d = √v+ε (one pass, for
-    `torch.compile`). The direction is not stored: `live_apply_` forms it again from m."""
-    weight_decay = scalars[2]
+    it), then LAMB's ratio c = clamp(‖p‖/‖u‖, min_coeff, max_coeff), 1 where a norm is 0, for the step
+    direction u = m/d + λp, d = √v+ε (one pass, for `torch.compile`). Returns [c, η·c]. The direction is
+    not stored: `live_apply_` forms it again from m."""
+    _, lr, weight_decay, min_coeff, max_coeff = scalars.unbind()
     exp_avg.copy_((exp_avg if source is None else source) * divisor)
     update = exp_avg / divisor + weight_decay * param
-    return torch.stack([torch.linalg.vector_norm(param), torch.linalg.vector_norm(update)])
+    ratio = _trust_ratio(
+        torch.linalg.vector_norm(param), torch.linalg.vector_norm(update), (min_coeff, max_coeff)
+    )
+    return torch.stack([ratio, lr * ratio])
 
 
-def live_apply_(param: Tensor, exp_avg: Tensor, divisor: Tensor, norms: Tensor, scalars: Tensor) -> Tensor:
-    """p ← p − η·c·(m/d + λp) with LAMB's ratio c = clamp(‖p‖/‖u‖, min_coeff, max_coeff), 1 where a norm
-    is 0: `clamped_trust_ratio_step_` for one tensor, for `torch.compile`. Returns c (0-dim)."""
-    _, lr, weight_decay, min_coeff, max_coeff = scalars.unbind()
-    param_norm, update_norm = norms.unbind()
-    usable = (param_norm > 0) & (update_norm > 0)
-    ratio = torch.where(usable, param_norm / torch.where(usable, update_norm, 1.0), 1.0)
-    ratio = torch.where(usable, ratio.clamp(min_coeff, max_coeff), 1.0)
-    param.sub_((exp_avg / divisor + weight_decay * param) * (lr * ratio))
-    return ratio
+def live_apply_(param: Tensor, exp_avg: Tensor, divisor: Tensor, coeffs: Tensor, scalars: Tensor) -> None:
+    """p ← p − η·c·(m/d + λp), η·c = coeffs[1] from `live_ratio_`: `clamped_trust_ratio_step_` for one
+    tensor, for `torch.compile` (the element loop alone, as `lamb_tensor_apply_`)."""
+    weight_decay = scalars[2]
+    param.sub_((exp_avg / divisor + weight_decay * param) * coeffs[1])
 
 
 def freeze_coeff_ema(coeff_freeze: Tensor, coeffs: Tensor, coeff_beta: float) -> Tensor:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from pretrain.optim import functional as F
-from pretrain.optim.base import OptimizerBase, evaluate_closure, global_grad_norm, is_finite
+from pretrain.optim.base import OptimizerBase, evaluate_closure, flat_views, global_grad_norm, is_finite
 from pretrain.optim.compiled import compiled, pick, split_by_size
 
 
@@ -192,6 +192,6 @@ class Lamb(OptimizerBase):
             beta2=beta2, device=params[0].device, **hyper,
         )  # fmt: skip
         for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-            p, g, m, v = p.view(-1), g.reshape(-1), m.view(-1), v.view(-1)
-            norms = self._direction(p, g, m, v, scalars)
-            self._apply(p, m, v, norms, scalars, clamp_ratio=clamp_ratio)
+            p, g, m, v = flat_views(p, g, m, v)
+            coeffs = self._direction(p, g, m, v, scalars, clamp_ratio=clamp_ratio)
+            self._apply(p, m, v, coeffs, scalars)

@@ -25,11 +25,14 @@ per rank's whole buffer, κ to equalise tensors). `per_tensor` gives every tenso
 `pretrain.optim.params.param_groups`), so a frequent token's row no longer shares its scale with
 rows that saw no gradient, and one tensor's error cannot inflate another's scale; κ is not needed
 there (the quantizer is positively homogeneous per segment). `per_column` also gives every input
-column of the other matrices its own scale: those tensors are exchanged transposed (copied into the
-exchange layout before the compressed allreduce and back after it, so the compressor's error buffers
-live in that layout), and a column is a row of the layout. A hidden-state outlier dimension feeds one
-column of every matrix that reads it, with gradients (and, preconditioned, steps) far larger than the
-other columns': with one scale per tensor its error feedback piles up there (results/cpu-study/).
+column of the other matrices its own scale, and a column is a row of the exchange layout (the
+compressor's error buffers live in that layout). The trainer stores those matrices column-major
+(`pretrain.model.column_major_linear_weights_`): their momentum views are then the exchange layout itself
+and nothing moves. A row-major matrix (an optimizer over some other model) is exchanged transposed:
+copied into the exchange layout before the compressed allreduce and back after it. A hidden-state
+outlier dimension feeds one column of every matrix that reads it, with gradients (and, preconditioned,
+steps) far larger than the other columns': with one scale per tensor its error feedback piles up there
+(results/cpu-study/).
 BERT-Large: 256K scales, 15.62× less than fp16 (`results/bench/fidelity.json`). It is the default of
 `optim=onebit_lamb` (with `precondition`): final MLM loss / LAMB's 1.011 at 2 ranks and 1.009 at 32
 simulated, against 1.013 / 1.012 with `per_row`, and 1.007 / 1.008 with the exact vectors below
@@ -88,7 +91,7 @@ from torch import Tensor
 from pretrain.comm import CompressedAllreduce, TrafficCounter, padded_numel
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.layout import Block, ScaleLayout
-from pretrain.optim.base import OptimizerBase, Workspace, evaluate_closure, global_grad_norm
+from pretrain.optim.base import OptimizerBase, Workspace, evaluate_closure, global_grad_norm, views_like
 
 logger = logging.getLogger(__name__)
 
@@ -133,16 +136,16 @@ class ExchangeOptions:
         if self.compression is Compression.deepspeed:
             return None
         rows = self.compression.row_scales
-        transposed = self.transposed(params, row_scaled)
+        column_scaled = self.column_scaled(params, row_scaled)
         blocks = []
-        for p, columns in zip(params, transposed):
+        for p, columns in zip(params, column_scaled):
             if self.exact_vectors and p.dim() <= 1:
                 blocks.append(Block(p.numel(), 1))
             elif rows and id(p) in row_scaled:  # a 1-D row-scaled tensor: rows of one element (exact)
                 blocks.append(Block(p.numel(), p.shape[-1] if p.dim() >= 2 else 1))
             elif self.vector_block and p.dim() <= 1 and p.numel() > self.vector_block:
                 blocks += _fixed_blocks(p.numel(), self.vector_block)
-            elif columns:  # sent transposed: a row of the exchange layout is one column of the matrix
+            elif columns:  # a row of the exchange layout is one column of the matrix: p.shape[0] elements
                 blocks.append(Block(p.numel(), p.shape[0]))
             elif self.compression is Compression.per_block and p.numel() > self.block_size:
                 blocks += _fixed_blocks(p.numel(), self.block_size)
@@ -160,10 +163,17 @@ class ExchangeOptions:
         blocks = self.blocks(params, row_scaled, padded - sum(p.numel() for p in params))
         return None if blocks is None else ScaleLayout.from_blocks(blocks, padded, world_size)
 
-    def transposed(self, params: list[Tensor], row_scaled: set[int]) -> list[bool]:
-        """Per tensor: whether it is exchanged transposed (`per_column`: the matrices without row scales)."""
+    def column_scaled(self, params: list[Tensor], row_scaled: set[int]) -> list[bool]:
+        """Per tensor: whether each of its columns gets a scale (`per_column`: the matrices without row
+        scales)."""
         columns = self.compression is Compression.per_column
         return [columns and p.dim() == 2 and id(p) not in row_scaled for p in params]
+
+    def transposed(self, params: list[Tensor], row_scaled: set[int]) -> list[bool]:
+        """Per tensor: whether it is exchanged transposed: the column-scaled matrices stored row-major. A
+        column-major one (`pretrain.model.column_major_linear_weights_`, what the trainer makes of them)
+        already holds its columns contiguously, in the exchange layout itself."""
+        return [c and p.is_contiguous() for p, c in zip(params, self.column_scaled(params, row_scaled))]
 
 
 def _fixed_blocks(numel: int, size: int) -> list[Block]:
@@ -312,11 +322,7 @@ class MomentumSegment:
 
 
 def _views_like(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
-    views, offset = [], 0
-    for p in params:
-        views.append(flat[offset : offset + p.numel()].view(p.shape))
-        offset += p.numel()
-    return views
+    return views_like(flat, params)
 
 
 def _world_size(group: Any) -> int:

@@ -559,8 +559,9 @@ class OnebitLamb(OnebitOptimizer):
             counts = torch.full_like(observed, float(block))
             counts[-1] = numel - block * (observed.numel() - 1)
             empty = torch.where(current > 0, 0.0, observed * weight / counts)  # a zero block takes M_b
-            flat = exp_avg_sq.view(-1)
-            flat.mul_(factor.repeat_interleave(block)[:numel]).add_(empty.repeat_interleave(block)[:numel])
+            shape = exp_avg_sq.shape  # blocks of the flattened tensor, in index order (any memory order)
+            exp_avg_sq.mul_(factor.repeat_interleave(block)[:numel].view(shape))
+            exp_avg_sq.add_(empty.repeat_interleave(block)[:numel].view(shape))
             self._set_divisor(segment.divisors, i, exp_avg_sq, group["eps"])
         sums.zero_()
 
@@ -820,6 +821,8 @@ def _add_square_marginals(matrix: Tensor, row_sums: Tensor, col_sums: Tensor, wo
     """row_sums += Σⱼ m², col_sums += Σᵢ m² for a matrix m, through the workspace: on CPU in blocks of rows
     of at most `CPU_CHUNK_NUMEL` elements (no matrix-sized temporary; the squares stay in cache between
     the two sums), elsewhere the whole matrix at once."""
+    if not matrix.is_contiguous():  # column-major (`per_column`): its transpose's rows are its columns
+        matrix, row_sums, col_sums = matrix.t(), col_sums, row_sums
     rows, cols = matrix.shape
     step = max(1, CPU_CHUNK_NUMEL // cols) if matrix.device.type == "cpu" else rows
     scratch = workspace.flat(min(rows, step) * cols, matrix.device)

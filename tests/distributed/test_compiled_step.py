@@ -12,6 +12,8 @@
 - The masked embedding rows keep a zero momentum, and the replicas stay bitwise identical.
 - A run saved after a compression step and resumed in fresh processes ends bitwise where the
   uninterrupted compiled run ends (the compiled path is deterministic).
+- With column-major matrices (`pretrain.model.column_major_linear_weights_`, what the trainer makes of
+  them for `per_column`) the compiled step transposes nothing and still follows the eager row-major run.
 """
 
 from __future__ import annotations
@@ -30,12 +32,17 @@ FREEZE_STEP, STEPS, SAVE_AFTER = 2, 8, 5
 VOCAB, USED_TOKENS, WIDTH = 40, 30, 24
 
 
-def _model() -> torch.nn.Module:
+def _model(column_major: bool = False) -> torch.nn.Module:
+    from pretrain.model import column_major_linear_weights_
+
     torch.manual_seed(0)
-    return torch.nn.Sequential(
+    model = torch.nn.Sequential(
         torch.nn.Embedding(VOCAB, WIDTH), torch.nn.Linear(WIDTH, 48), torch.nn.LayerNorm(48), torch.nn.GELU(),
         torch.nn.Linear(48, 20),
     )  # fmt: skip
+    if column_major:
+        assert column_major_linear_weights_(model) == 2
+    return model
 
 
 def _optimizer(model: torch.nn.Module, compile: bool, warmup: str):
@@ -75,9 +82,13 @@ def _set_gradients(model: torch.nn.Module, rank: int, step: int, average: bool) 
             p.grad /= dist.get_world_size()
 
 
-def _train(rank: int, world_size: int, folder: str, compile: bool, resume: bool, warmup: str) -> dict:
-    model = _model()
+def _train(
+    rank: int, world_size: int, folder: str, compile: bool, resume: bool, warmup: str, column_major: bool
+) -> dict:
+    model = _model(column_major)
     optimizer = _optimizer(model, compile, warmup)
+    segment = optimizer._ensure_state()[0]
+    assert (segment.transposed is None) == column_major  # column-major: nothing to transpose
     start = 0
     checkpoint = Path(folder) / f"rank{rank}.pt"
     if resume:
@@ -104,10 +115,13 @@ def _train(rank: int, world_size: int, folder: str, compile: bool, resume: bool,
     }
 
 
-@pytest.mark.parametrize(("world_size", "warmup"), [(2, "nvlamb"), (3, "deepspeed"), (2, "nvlamb_refresh")])
-def test_compiled_steps_follow_the_eager_steps(tmp_path, world_size, warmup):
-    eager = run_distributed(_train, world_size, (str(tmp_path), False, False, warmup))[0]
-    compiled = run_distributed(_train, world_size, (str(tmp_path), True, False, warmup))[0]
+@pytest.mark.parametrize(
+    ("world_size", "warmup", "column_major"),
+    [(2, "nvlamb", False), (3, "deepspeed", False), (2, "nvlamb_refresh", False), (2, "nvlamb", True)],
+)
+def test_compiled_steps_follow_the_eager_steps(tmp_path, world_size, warmup, column_major):
+    eager = run_distributed(_train, world_size, (str(tmp_path), False, False, warmup, False))[0]
+    compiled = run_distributed(_train, world_size, (str(tmp_path), True, False, warmup, column_major))[0]
     assert compiled["stage"] == "compression" and compiled["live_coeff_mean"] is not None
     for a, b, start in zip(eager["params"], compiled["params"], _model().parameters()):
         a, b = torch.from_numpy(a), torch.from_numpy(b)
@@ -119,6 +133,6 @@ def test_compiled_steps_follow_the_eager_steps(tmp_path, world_size, warmup):
     assert torch.count_nonzero(embedding_momentum[USED_TOKENS:]) == 0
     assert torch.count_nonzero(embedding_momentum[:USED_TOKENS]) > 0
     # the compiled path resumes bitwise from a compression-stage checkpoint
-    resumed = run_distributed(_train, world_size, (str(tmp_path), True, True, warmup))[0]
+    resumed = run_distributed(_train, world_size, (str(tmp_path), True, True, warmup, column_major))[0]
     for a, b in zip(compiled["params"] + compiled["momenta"], resumed["params"] + resumed["momenta"]):
         assert torch.equal(torch.from_numpy(a), torch.from_numpy(b))
