@@ -63,7 +63,7 @@ def global_grad_norm(grads: list[Tensor]) -> Tensor:
     if not grads:
         return torch.zeros((), dtype=torch.float32)
     if grads[0].device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
-        flat = [flat_views(g)[0] for g in grads]
+        flat = [g.t().reshape(-1) if _column_major(g) else g.reshape(-1) for g in grads]  # views
         return torch.stack([torch.dot(g, g) for g in flat]).sum().sqrt()
     return global_norm(F.grad_norms(grads))
 
@@ -112,12 +112,12 @@ class Workspace:
 def views_like(flat: Tensor, tensors: list[Tensor]) -> list[Tensor]:
     """Consecutive views of the 1-D `flat`, one per tensor, with its shape and memory order: a row-major
     tensor's view is row-major, a column-major matrix's (`pretrain.model.column_major_linear_weights_`)
-    column-major. Elementwise ops between tensors of one memory order run at contiguous speed; mixing
-    them reads one side transposed."""
+    column-major; any other tensor's view is row-major. Elementwise ops between tensors of one memory
+    order run at contiguous speed; mixing them reads one side transposed."""
     views, offset = [], 0
     for t in tensors:
         piece = flat[offset : offset + t.numel()]
-        views.append(piece.view(t.shape) if _row_major(t) else piece.view(t.shape[1], t.shape[0]).t())
+        views.append(piece.view(t.shape[1], t.shape[0]).t() if _column_major(t) else piece.view(t.shape))
         offset += t.numel()
     return views
 
@@ -130,6 +130,11 @@ def flat_views(*tensors: Tensor) -> list[Tensor]:
     if len(set(orders)) > 1:
         raise ValueError(f"tensors of one step in different memory orders: {[t.stride() for t in tensors]}")
     return [t.view(-1) if row_major else t.t().view(-1) for t, row_major in zip(tensors, orders)]
+
+
+def _column_major(t: Tensor) -> bool:
+    """A matrix whose transpose is contiguous and which is not contiguous itself."""
+    return t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
 
 
 def _row_major(t: Tensor) -> bool:

@@ -226,7 +226,7 @@ class MomentumSegment:
                 sign_scale=options.sign_scale,
                 scale_dtype=options.scale_dtype,
             )
-        segment = cls(params, buffer, _views_like(buffer, params), buffer[numel:], compressor)
+        segment = cls(params, buffer, views_like(buffer, params), buffer[numel:], compressor)
         transposed = options.transposed(params, row_scaled)
         segment.transposed = transposed if any(transposed) else None
         if options.virtual_workers > 1:
@@ -236,7 +236,7 @@ class MomentumSegment:
     def snapshot(self) -> list[Tensor]:
         """Copy the momentum into the persistent `previous` buffer; per-parameter views of the copy."""
         self.scratch().copy_(self.buffer)
-        return _views_like(self.scratch(), self.params)
+        return views_like(self.scratch(), self.params)
 
     def scratch(self) -> Tensor:
         """The persistent `previous` buffer (as long as `buffer`), allocated on first use: the snapshot
@@ -263,12 +263,12 @@ class MomentumSegment:
 
     def views_of(self, flat: Tensor) -> list[Tensor]:
         """Per-parameter views into another buffer laid out like `buffer` (e.g. a snapshot)."""
-        return _views_like(flat, self.params)
+        return views_like(flat, self.params)
 
     def exchange_views(self, flat: Tensor) -> list[Tensor]:
         """Like `views_of` for a buffer in the exchange layout (the compressor's error buffers): a
         transposed tensor's view is [columns, rows]."""
-        views = _views_like(flat, self.params)
+        views = views_like(flat, self.params)
         if self.transposed is None:
             return views
         return [v.view(v.shape[1], v.shape[0]) if t else v for v, t in zip(views, self.transposed)]
@@ -282,7 +282,7 @@ class MomentumSegment:
         temporary per matrix (its pages faulted in anew every step) and a copy back took both directions
         0.59 s of BERT-Base's 1.53 s step at 2 loopback ranks, this way 0.35 s (README, issue #15)."""
         for row in [flat] if flat.dim() == 1 else list(flat):
-            views = _views_like(row, self.params)
+            views = views_like(row, self.params)
             transposed = self.transposed or [False] * len(views)
             plain = [i for i, t in enumerate(transposed) if not t]
             if divisors is not None and plain:
@@ -300,7 +300,7 @@ class MomentumSegment:
         self, flat: Tensor, divisors: list[Tensor] | None, workspace: Workspace
     ) -> None:
         """Undo `to_exchange_layout_` on `flat` ([len]): transpose back, multiply by `divisors`."""
-        views = _views_like(flat, self.params)
+        views = views_like(flat, self.params)
         transposed = self.transposed or [False] * len(views)
         for i in (i for i, t in enumerate(transposed) if t):
             view = views[i]
@@ -319,10 +319,6 @@ class MomentumSegment:
         if self._scaled is None:
             self._scaled = torch.empty_like(self.buffer)
         return torch.mul(self.buffer, factor, out=self._scaled)
-
-
-def _views_like(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
-    return views_like(flat, params)
 
 
 def _world_size(group: Any) -> int:

@@ -821,7 +821,7 @@ def _add_square_marginals(matrix: Tensor, row_sums: Tensor, col_sums: Tensor, wo
     """row_sums += Σⱼ m², col_sums += Σᵢ m² for a matrix m, through the workspace: on CPU in blocks of rows
     of at most `CPU_CHUNK_NUMEL` elements (no matrix-sized temporary; the squares stay in cache between
     the two sums), elsewhere the whole matrix at once."""
-    if not matrix.is_contiguous():  # column-major (`per_column`): its transpose's rows are its columns
+    if not matrix.is_contiguous() and matrix.t().is_contiguous():  # column-major: its transpose's rows
         matrix, row_sums, col_sums = matrix.t(), col_sums, row_sums
     rows, cols = matrix.shape
     step = max(1, CPU_CHUNK_NUMEL // cols) if matrix.device.type == "cpu" else rows
