@@ -168,9 +168,10 @@ class CompiledCompressionStep:
 
 
 class CompiledWarmupStep:
-    """The warmup's LAMB step through LAMB's compiled kernels (`clamp_ratio`: DeepSpeed's, else NVLAMB's
-    for a group with weight decay; `scalars` from `lamb_kernel_scalars`); returns the ratios. The caller
-    sends tensors below `COMPILED_MIN_NUMEL` through the eager foreach step instead (`split_by_size`)."""
+    """LAMB's step through its compiled kernels, for `Lamb(compile=True)` and 1-bit LAMB's warmup
+    (`clamp_ratio`: DeepSpeed's, else NVLAMB's for a group with weight decay; `scalars` from
+    `lamb_kernel_scalars`); returns the ratios. The caller sends tensors below `COMPILED_MIN_NUMEL` through
+    the eager foreach step instead (`split_by_size`)."""
 
     def __init__(self) -> None:
         self._direction = compiled(F.lamb_tensor_direction_)

@@ -316,7 +316,7 @@ def preconditioned_momentum_(
     """out ← (β1·m + (1−β1)·g)/d, the value a worker sends in the preconditioned exchange (one pass,
     written for `torch.compile`; all four alike in shape). `out` is the tensor's place in the exchange
     layout, or m itself for a matrix that goes out transposed (`pretrain.optim.compiled`): m is not needed
-    after this, the exchange replaces it (`live_norms_`)."""
+    after this, the exchange replaces it (`live_ratio_`)."""
     beta1 = scalars[0]
     out.copy_((exp_avg * beta1 + grad * (1.0 - beta1)) / divisor)
 

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from pretrain.optim import functional as F
-from pretrain.optim.base import OptimizerBase, evaluate_closure, flat_views, global_grad_norm, is_finite
-from pretrain.optim.compiled import compiled, pick, split_by_size
+from pretrain.optim.base import OptimizerBase, evaluate_closure, global_grad_norm, is_finite
+from pretrain.optim.compiled import CompiledWarmupStep, pick, split_by_size
 
 
 class LambVariant(str, enum.Enum):
@@ -86,8 +86,7 @@ class Lamb(OptimizerBase):
         self.compile = compile
         self._trust_ratios: dict[int, Tensor | None] = {}  # last step's, per param group
         if compile:
-            self._direction = compiled(F.lamb_tensor_direction_)
-            self._apply = compiled(F.lamb_tensor_apply_)
+            self._compiled_step = CompiledWarmupStep()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -191,7 +190,4 @@ class Lamb(OptimizerBase):
             clamp_ratio=clamp_ratio, min_coeff=self.min_coeff, max_coeff=self.max_coeff, beta1=beta1,
             beta2=beta2, device=params[0].device, **hyper,
         )  # fmt: skip
-        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-            p, g, m, v = flat_views(p, g, m, v)
-            coeffs = self._direction(p, g, m, v, scalars, clamp_ratio=clamp_ratio)
-            self._apply(p, m, v, coeffs, scalars)
+        self._compiled_step(params, grads, exp_avgs, exp_avg_sqs, scalars=scalars, clamp_ratio=clamp_ratio)
