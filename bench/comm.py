@@ -27,6 +27,9 @@ Writes results/bench/comm.json. Records:
   timed alternately in the same process). Target <= 30 bytes (issue #15; ~20 are unavoidable). The two
   virtual workers share one decode of the output, which a real rank does alone: about 4 bytes more per
   element for a rank than this figure (the decode measures ~8).
+- ``compression_bytes_moved_default_layout_n2``: the same with the `optim=onebit_lamb` default's exchange of
+  BERT-Large (per-column and per-row scales, the 1-D tensors exact, bfloat16 scales, mean_abs), what a
+  user's run pays: ~0.6M short segments, each with its own norm, which the fused worker pass sums from L1.
 - ``segment_l1_norms_ns_per_element``: the ``mean_abs`` scales' 1-norms of [rows, 768] segments (up to 64M
   elements, one thread), ``pretrain/comm/norms.py`` against ATen's ``vector_norm(ord=1)``, alternated; the
   2-norm's time in the config.
@@ -268,13 +271,18 @@ def _timing_records(numel: int, repeats: int, note: str) -> list[Record]:
 PASSES_MAX_NUMEL = 64 * 2**20
 
 
-def _bytes_moved_record(numel: int, repeats: int) -> Record:
-    """One process, one thread: a two-worker call's time per worker and element, in copy-bytes."""
-    numel = padded_numel(min(numel, PASSES_MAX_NUMEL), TIMING_WORLD_SIZE)
+def _bytes_moved_record(numel: int, repeats: int, default_layout: bool = False) -> Record:
+    """One process, one thread: a two-worker call's time per worker and element, in copy-bytes. With
+    ``default_layout``, the `optim=onebit_lamb` default's exchange of BERT-Large (or BERT-mini, quick)."""
+    options: dict[str, Any] = {}
+    if default_layout:
+        numel, options = default_layout_options(numel, TIMING_WORLD_SIZE)
+    else:
+        numel = padded_numel(min(numel, PASSES_MAX_NUMEL), TIMING_WORLD_SIZE)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        engine = CompressedAllreduce(numel, virtual_workers=TIMING_WORLD_SIZE)
+        engine = CompressedAllreduce(numel, virtual_workers=TIMING_WORLD_SIZE, **options)
         local = torch.empty(TIMING_WORLD_SIZE, numel)
         out, source, target = torch.empty(numel), torch.randn(numel), torch.empty(numel)
         calls, copies = [], []
@@ -293,8 +301,9 @@ def _bytes_moved_record(numel: int, repeats: int) -> Record:
         torch.set_num_threads(previous_threads)
     per_worker_element = statistics.median(calls) / TIMING_WORLD_SIZE / numel
     copy_per_element = statistics.median(copies) / numel
+    layout = "_default_layout" if default_layout else ""
     return Record(
-        f"compression_bytes_moved_n{TIMING_WORLD_SIZE}",
+        f"compression_bytes_moved{layout}_n{TIMING_WORLD_SIZE}",
         8 * per_worker_element / copy_per_element,
         "bytes/element",
         peer="an fp32 copy of the buffer, same process, alternated (8 bytes moved per element)",
@@ -307,6 +316,9 @@ def _bytes_moved_record(numel: int, repeats: int) -> Record:
             "repeats": repeats,
             "threads": 1,
             "kernels": engine.kernels.name,
+            "layout": "optim=onebit_lamb default (per_column, mean_abs, bfloat16 scales)"
+            if default_layout
+            else "DeepSpeed's (one scale per worker buffer and server chunk, rms)",
             "ns_per_worker_element": per_worker_element * 1e9,
             "copy_ns_per_element": copy_per_element * 1e9,
             "copy_GB_per_s": 8 / copy_per_element / 1e9,
@@ -380,6 +392,7 @@ def main(argv: list[str]) -> None:
     records.extend(_timing_records(numel, args.repeats, note))
     records.append(_default_layout_record(numel, args.repeats, note))
     records.append(_bytes_moved_record(numel, args.repeats))
+    records.append(_bytes_moved_record(numel, args.repeats, default_layout=True))
     records.append(_segment_norms_record(numel, args.repeats))
     write_records(results_name("comm", numel != BERT_LARGE_NUMEL), records)
 

@@ -42,6 +42,7 @@ DeepSpeed's optimizers skip the call for a single rank, so n == 1 training is ex
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import math
 from typing import Any
@@ -52,8 +53,8 @@ import torch.distributed as dist
 from pretrain import faults
 from pretrain.comm.counter import TrafficCounter, compressed_call_traffic
 from pretrain.comm.kernels import get_kernels
-from pretrain.comm.layout import Run, ScaleLayout
-from pretrain.comm.norms import abs_row_sums
+from pretrain.comm.layout import Run, ScaleLayout, run_table
+from pretrain.comm.norms import segment_abs_sums
 from pretrain.comm.packing import BITS_PER_BYTE, SignPacker, get_packer
 from pretrain.comm.pipeline import PipelinedExchange, pieces_for
 
@@ -174,37 +175,40 @@ class _RunPlan:
         self.single_divisors = torch.tensor(
             [self.divisor(run.row_length) for run in singles], dtype=torch.float32, device=device
         )
+        self.table = run_table(runs)
+        # mean_abs: every segment's length, the divisor of its 1-norm (lengths < 2^24: exact in fp32)
+        self.segment_divisors = torch.repeat_interleave(
+            torch.tensor([float(run.row_length) for run in runs], dtype=torch.float32),
+            torch.tensor([run.rows for run in runs], dtype=torch.int64),
+        ).to(device)
+        self._tiled_numel = runs[-1].end if _tile(runs) else -1
+
+    def tiles(self, numel: int) -> bool:
+        """Whether the runs cover elements [0, numel) in order without gaps."""
+        return self._tiled_numel == numel
 
     def divisor(self, length: int) -> float:
         return math.sqrt(length) if self.root else float(length)
 
     def scales(self, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out[i] ← the scale of segment i of ``values`` (1-D, laid out like the runs). 1-norms through
-        :func:`~pretrain.comm.norms.abs_row_sums` (fast on CPU), 2-norms through ``vector_norm``."""
-        if self.one_segment and not self.root:
-            (run,) = self.runs
-            abs_row_sums(values[run.start : run.end].view(1, -1), out)
-            return out.div_(self.divisor(run.row_length))
+        :func:`~pretrain.comm.norms.segment_abs_sums` (one numba loop on CPU), divided by the lengths;
+        2-norms through ``vector_norm``."""
+        if not self.root:
+            segment_abs_sums(values, self.table, out)
+            return out.div_(self.segment_divisors)
         if self.one_segment:  # the expression of spec §2 (and of DeepSpeed), for bitwise parity
             (run,) = self.runs
             norm = torch.linalg.vector_norm(values[run.start : run.end], self.order)
             return out.copy_((norm / self.divisor(run.row_length)).reshape(1))
         if self.single_bounds:
             pieces = [values[start:end] for start, end in self.single_bounds]
-            if self.root:
-                norms = torch.stack(torch._foreach_norm(pieces, self.order))
-            else:
-                norms = torch.empty(len(pieces), dtype=values.dtype, device=values.device)
-                for index, piece in enumerate(pieces):
-                    abs_row_sums(piece.view(1, -1), norms[index : index + 1])
+            norms = torch.stack(torch._foreach_norm(pieces, self.order))
             out.index_copy_(0, self.single_positions, norms.div_(self.single_divisors))
         for run, position in self.row_blocks:
             target = out[position : position + run.rows]
             rows = values[run.start : run.end].view(run.rows, run.row_length)
-            if self.root:
-                torch.linalg.vector_norm(rows, self.order, dim=1, out=target)
-            else:
-                abs_row_sums(rows, target)
+            torch.linalg.vector_norm(rows, self.order, dim=1, out=target)
             target.div_(self.divisor(run.row_length))
         return out
 
@@ -224,6 +228,10 @@ class _RunPlan:
             block = values[:, run.start : run.end].view(values.shape[0], run.rows, run.row_length)
             block.mul_(scales[:, position : position + run.rows].unsqueeze(-1))
             position += run.rows
+
+
+def _tile(runs: list[Run]) -> bool:
+    return bool(runs) and runs[0].start == 0 and all(a.end == b.start for a, b in itertools.pairwise(runs))
 
 
 class CompressedAllreduce:
@@ -453,10 +461,10 @@ class CompressedAllreduce:
 
     def _compress_worker(self, worker: int, values: torch.Tensor) -> None:
         """Spec §2 steps 1-2: y = x + e_w (held in the error buffer), scales, signs, e_w ← y − Q(y)."""
-        error = self._worker_errors[worker].add_(values)
-        scales = self._round(self._worker_plan.scales(error, out=self._worker_scales[worker]))
+        error, plan = self._worker_errors[worker], self._worker_plan
+        scales = self._round(self.kernels.add_scales_(error, values, plan, out=self._worker_scales[worker]))
         # `values` is free scratch from here on
-        self.kernels.compress_(error, scales, self._worker_plan, self._worker_packed[worker], scratch=values)
+        self.kernels.compress_(error, scales, plan, self._worker_packed[worker], scratch=values)
 
     def _exchange_worker_chunks(self) -> None:
         """Phase 1: chunk j's signs and worker scales go to the process serving chunk j."""

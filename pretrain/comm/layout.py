@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Run:
@@ -43,6 +45,16 @@ class Run:
 
     def shifted(self, offset: int) -> Run:
         return Run(self.start + offset, self.rows, self.row_length)
+
+
+def run_table(runs: list[Run]) -> np.ndarray:
+    """[runs, 4] int64, what the numba kernels loop over: start, rows, row_length, and the index of the
+    run's first segment (its first scale) among all the runs' segments."""
+    table, position = [], 0
+    for run in runs:
+        table.append((run.start, run.rows, run.row_length, position))
+        position += run.rows
+    return np.asarray(table, dtype=np.int64).reshape(-1, 4)
 
 
 @dataclass(frozen=True)

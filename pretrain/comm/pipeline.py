@@ -125,8 +125,10 @@ class PipelinedExchange:
         kernels, group, n, rank = engine.kernels, engine.group, engine.world_size, engine.rank
         chunk = engine.chunk_numel
         # 1. worker: y = x + e, the scales over the whole buffer, sent ahead of the signs
-        error = engine._worker_errors[0].add_(values)
-        scales = engine._round(engine._worker_plan.scales(error, out=engine._worker_scales[0]))
+        error = engine._worker_errors[0]
+        scales = engine._round(
+            kernels.add_scales_(error, values, engine._worker_plan, out=engine._worker_scales[0])
+        )
         torch.index_select(scales, 0, engine._send_scale_index, out=engine._send_scales)
         engine._exchange_worker_scales()
         phase_one = []

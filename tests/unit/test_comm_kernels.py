@@ -61,6 +61,39 @@ def test_compress_packs_and_feeds_back_the_error_like_torch(layout, fused):
     assert fused_values[7] == -scales[0]  # +0.0 packs as + (first segment of the "runs" layout too)
 
 
+@pytest.mark.parametrize("fused", FUSED)
+@pytest.mark.parametrize("sign_scale", list(SignScale))
+@pytest.mark.parametrize("layout", [*LAYOUTS, "long"])
+def test_the_worker_step_adds_and_takes_the_scales_like_torch(layout, sign_scale, fused):
+    """`add_scales_` (y = x + e and the scales of y; numba fuses the two for mean_abs) equals the reference's
+    addition and `plan.scales`, bit for bit; "long": segments of several of the norms' sum blocks."""
+    numel = NUMEL if layout != "long" else 3 * kernels_module.SUM_BLOCK + 40
+    runs = LAYOUTS.get(layout) or [Run(0, 1, 5), Run(5, 2, kernels_module.SUM_BLOCK + 3), Run(8203, 1, 4125)]
+    plan = _RunPlan(runs, sign_scale, torch.device("cpu"))
+    assert plan.tiles(numel)
+    results = []
+    for implementation in _pair(fused):
+        error, scales = _values(4, numel) * 1e-2, torch.empty(plan.num_segments)
+        returned = implementation.add_scales_(error, _values(5, numel), plan, scales)
+        assert returned is scales
+        results.append((error, scales))
+    (torch_error, torch_scales), (fused_error, fused_scales) = results
+    assert torch.equal(fused_error, torch_error)
+    assert torch.equal(fused_error, _values(4, numel) * 1e-2 + _values(5, numel))
+    assert torch.equal(fused_scales, torch_scales)
+    assert torch.equal(fused_scales, plan.scales(torch_error, torch.empty(plan.num_segments)))
+
+
+def test_the_fused_worker_step_stays_in_place_where_runs_do_not_tile():
+    """A plan that leaves elements out (or does not start at 0) takes the unfused path: every element of
+    the error is still added to, none is skipped."""
+    plan = _RunPlan([Run(8, 2, 16)], SignScale.mean_abs, torch.device("cpu"))
+    assert not plan.tiles(40)
+    error, values = torch.zeros(40), torch.arange(40.0)
+    NumbaKernels().add_scales_(error, values, plan, torch.empty(2))
+    assert torch.equal(error, values)
+
+
 def test_the_compress_pass_is_vectorised():
     """Regression (issue #15): the whole-byte loop of `compress_` ran over range(first, first + count) of the
     whole buffer, which LLVM did not vectorise on this project's AMD EPYC machine: 6.6 ns per element,
