@@ -40,6 +40,7 @@ from __future__ import annotations
 import abc
 import functools
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -533,6 +534,8 @@ class NumbaKernels(CompressionKernels):
 
 def numba_unavailable_reason() -> str | None:
     """Why the numba kernels cannot be used here, or None."""
+    if sys.byteorder != "little":  # `_pack_flags` and `_expand` read eight flag bytes as one uint64
+        return "the numba kernels need a little-endian CPU"
     try:
         _numba_functions()
     except ImportError as error:

@@ -279,6 +279,14 @@ def test_without_numba_the_torch_kernels_are_used(monkeypatch):
         kernels_module._numba_functions.cache_clear()
 
 
+def test_a_big_endian_cpu_falls_back_to_torch(monkeypatch):
+    """The pack and expand loops read eight flag bytes as one little-endian uint64."""
+    monkeypatch.delenv(kernels_module.KERNELS_ENV, raising=False)
+    monkeypatch.setattr(sys, "byteorder", "big")
+    assert kernels_module.numba_unavailable_reason() == "the numba kernels need a little-endian CPU"
+    assert get_kernels("cpu", TorchSignPacker()).name == "torch"
+
+
 def test_a_numba_that_cannot_compile_here_falls_back_too(monkeypatch):
     def unusable():
         raise RuntimeError("cannot cache function: no locator available")
