@@ -345,6 +345,7 @@ def _train_worker(
     warmup_steps: int,
     steps: int,
     compile: bool = False,
+    keep_host_memory: bool = False,
 ) -> dict:
     """Runs inside a rank's namespace: for each round and variant, a fresh trainer, `warmup_steps`
     untimed and `steps` timed `Trainer.train_step` calls. One process for all variants: no repeated
@@ -384,6 +385,7 @@ def _train_worker(
                 f"batch.phases.0.freeze_step={1 if variant == 'onebit_lamb' else 'null'}",
                 *(["optim.grad_allreduce=bfloat16"] if variant == "lamb_bf16" else []),
                 *(["optim.compile=true"] if compile else []),
+                *(["keep_host_memory=true"] if keep_host_memory else []),
             ]
             with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
                 cfg = to_object(compose(config_name="pretrain", overrides=overrides))
@@ -420,7 +422,9 @@ def _train_worker(
             del trainer, phase
             gc.collect()
             results[variant]["rss_bytes_after_release"] = psutil.Process().memory_info().rss
-    return {"variants": results, "peak_rss_bytes": _peak_rss()}
+    from pretrain import host_memory
+
+    return {"variants": results, "peak_rss_bytes": _peak_rss(), "host_memory_kept": host_memory.kept()}
 
 
 NO_LOG = 10**9  # log_every of the timed steps: none of them logs
@@ -439,9 +443,11 @@ def _e2e_records(
     rounds: int,
     quick: bool,
     compile: bool = False,
+    keep_host_memory: bool = False,
 ) -> list[Record]:
     print(
-        f"[bench net] e2e {model} n={world_size} {rate}{' compiled' if compile else ''}: "
+        f"[bench net] e2e {model} n={world_size} {rate}{' compiled' if compile else ''}"
+        f"{' keep_host_memory' if keep_host_memory else ''}: "
         f"{', '.join(VARIANTS)} x {rounds} round(s)",
         flush=True,
     )
@@ -452,7 +458,18 @@ def _e2e_records(
     ):
         per_rank = network.run(
             _train_worker,
-            (list(VARIANTS), rounds, model, str(data_dir), run_root, micro_batch, warmup, steps, compile),
+            (
+                list(VARIANTS),
+                rounds,
+                model,
+                str(data_dir),
+                run_root,
+                micro_batch,
+                warmup,
+                steps,
+                compile,
+                keep_host_memory,
+            ),
             env={"WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"},
         )
     run_seconds = time.perf_counter() - started
@@ -495,6 +512,10 @@ def _e2e_records(
         "rounds": rounds,
         "quick": quick,
         "compile": compile,  # optim.compile for every variant (LAMB's and 1-bit LAMB's compiled steps)
+        # keep_host_memory=true for every variant: glibc keeps freed memory (pretrain/host_memory.py), so a
+        # step's large temporaries fault no fresh pages (a CPU-only cost: GPUs allocate through CUDA's cache)
+        "keep_host_memory": keep_host_memory,
+        "host_memory_kept_per_rank": [r["host_memory_kept"] for r in per_rank],
         "no_comm_bound": "LAMB with GradientSync.communicate=False: same compute, gradient allreduce skipped",
         "peak_rss_GiB_per_rank": [round(r["peak_rss_bytes"] / GIB, 2) for r in per_rank],
         "run_seconds": round(run_seconds, 1),
@@ -576,6 +597,12 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="e2e with optim.compile=true for every variant: net_e2e_compiled.json",
     )
+    parser.add_argument(
+        "--keep-host-memory",
+        action="store_true",
+        help="e2e with keep_host_memory=true for every variant (glibc keeps freed memory: no page faults "
+        "per step, a CPU-only cost; more memory per rank): net_e2e[_compiled]_keep_host_memory.json",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
 
@@ -622,8 +649,10 @@ def main(argv: list[str]) -> None:
                     rounds,
                     args.quick,
                     args.compile,
+                    args.keep_host_memory,
                 )
-        write_records(f"net_e2e{'_compiled' if args.compile else ''}{suffix}", records, args.out)
+        kept = "_keep_host_memory" if args.keep_host_memory else ""
+        write_records(f"net_e2e{'_compiled' if args.compile else ''}{kept}{suffix}", records, args.out)
 
 
 if __name__ == "__main__":

@@ -58,3 +58,8 @@ def keep_freed_memory() -> bool:
     if not _applied:
         log.warning("keep_host_memory: mallopt refused; large temporaries will fault fresh pages each step")
     return _applied
+
+
+def kept() -> bool:
+    """Whether `keep_freed_memory()` applied in this process."""
+    return bool(_applied)

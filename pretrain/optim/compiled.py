@@ -15,9 +15,10 @@ four per tensor (items 1, 3-5; five for a `per_column` matrix), each one `torch.
    takes its tensors flat in memory order (`base.flat_views`, which refuses operands of mixed orders);
 2. the compressed allreduce on that scratch buffer (the engine's own passes, `pretrain.comm`);
 3. for a transposed matrix, one tiled transposed copy of its average ū back into m;
-4. `live_ratio_`: m ← ū·d, the norms ‖p‖, ‖m/d + λp‖ and from them c, LAMB's clamped ratio;
-5. `live_apply_`: p ← p − η·c·(m/d + λp), the element loop alone (the ratio's scalar arithmetic in the same
-   graph kept Inductor's CPU code from running the loop on more than one thread).
+4. `live_ratio`: the norms ‖p‖, ‖m/d + λp‖ of m = ū·d and from them c, LAMB's clamped ratio (reads only);
+5. `live_apply_`: m ← ū·d and p ← p − η·c·(m/d + λp), the element loop alone (the ratio's scalar arithmetic
+   in the same graph kept Inductor's CPU code from running the loop on more than one thread; m's store in
+   the ratio's graph took Inductor a second loop after the reduction: 10 → 8 passes over memory).
 
 The scratch buffer is the segment's momentum snapshot (`MomentumSegment.scratch()`), which the frozen rule's
 eager step uses; the eager live step does not allocate it, so the compiled step holds one momentum-sized fp32
@@ -124,7 +125,7 @@ class CompiledCompressionStep:
     def __init__(self) -> None:
         self._momentum = compiled(F.preconditioned_momentum_)
         self._transpose = compiled(transpose_into_)
-        self._ratio = compiled(F.live_ratio_)
+        self._ratio = compiled(F.live_ratio)
         self._apply = compiled(F.live_apply_)
 
     def __call__(
@@ -156,12 +157,14 @@ class CompiledCompressionStep:
                 group.params, group.exp_avgs, group.divisors, group.exchange_views, group.transposed
             ):
                 flat_p, flat_m, flat_d = flat_views(p, m, d)
-                if transposed:
+                if transposed:  # ū into m, which the apply then scales in place
                     self._transpose(view, m)
                     coeffs = self._ratio(flat_m, flat_d, flat_p, group.scalars)
+                    self._apply(flat_p, flat_m, flat_d, coeffs, group.scalars)
                 else:
-                    coeffs = self._ratio(flat_m, flat_d, flat_p, group.scalars, flat_views(m, view)[1])
-                self._apply(flat_p, flat_m, flat_d, coeffs, group.scalars)
+                    flat_view = flat_views(m, view)[1]
+                    coeffs = self._ratio(flat_m, flat_d, flat_p, group.scalars, flat_view)
+                    self._apply(flat_p, flat_m, flat_d, coeffs, group.scalars, flat_view)
                 group_ratios.append(coeffs[0])
             ratios.append(torch.stack(group_ratios) if group_ratios else torch.zeros(0, device=buffer.device))
         return ratios

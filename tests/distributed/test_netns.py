@@ -157,3 +157,20 @@ def test_quick_allreduce_measurement_is_rate_limited_and_counts_bytes(tmp_path):
     assert limited["compressed_unpipelined"]["model_bytes_per_rank"] == compressed_bytes
     for peer in ("torch_kernels", "unpipelined"):
         assert records[f"allreduce_seconds_compressed_vs_{peer}_quick_n2_1gbit"].peer_value > 0
+
+
+@pytest.mark.slow
+def test_quick_e2e_with_kept_host_memory_applies_it_on_every_rank(tmp_path):
+    """`bench net --part=e2e --keep-host-memory`: every variant's trainer runs with keep_host_memory=true
+    (glibc really told on each rank), and the records go to a file of their own."""
+    import json
+
+    import bench.net
+
+    bench.net.main(["--part=e2e", "--quick", "--keep-host-memory", f"--out={tmp_path}"])
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["net_e2e_keep_host_memory_quick.json"]
+    records = json.loads((tmp_path / "net_e2e_keep_host_memory_quick.json").read_text())
+    config = records[0]["config"]
+    assert config["keep_host_memory"] is True and config["host_memory_kept_per_rank"] == [True, True]
+    assert config["variants"]["onebit_lamb"]["stage"] == "compression"
+    assert all(variant["samples_per_s"] > 0 for variant in config["variants"].values())

@@ -57,10 +57,13 @@ def test_kernels_compose_to_the_eager_step(shape, transposed, weight_decay):
     torch.testing.assert_close(sent, expected_sent.t() if transposed else expected_sent)
     if transposed:
         transpose_into_(sent, m)
-        coeffs = F.live_ratio_(m, divisor, p, scalars)
+        coeffs = F.live_ratio(m, divisor, p, scalars)
+        F.live_apply_(p, m, divisor, coeffs, scalars)
     else:
-        coeffs = F.live_ratio_(m, divisor, p, scalars, sent)
-    F.live_apply_(p, m, divisor, coeffs, scalars)
+        before = m.clone()
+        coeffs = F.live_ratio(m, divisor, p, scalars, sent)
+        assert torch.equal(m, before)  # the ratio only reads: the apply stores m
+        F.live_apply_(p, m, divisor, coeffs, scalars, sent)
     ratio = coeffs[0]
     torch.testing.assert_close(m, eager_m)
     torch.testing.assert_close(p, eager_p, rtol=1e-6, atol=1e-7)
@@ -70,9 +73,9 @@ def test_kernels_compose_to_the_eager_step(shape, transposed, weight_decay):
 def test_ratio_is_one_where_a_norm_is_zero_and_capped_at_max_coeff():
     scalars = F.live_scalars(beta1=BETA1, lr=LR, weight_decay=0.0, min_coeff=0.0, max_coeff=2.0, device="cpu")
     zero_param, m, d = torch.zeros(4), torch.ones(4), torch.ones(4)
-    assert F.live_ratio_(m, d, zero_param, scalars)[0] == 1.0
+    assert F.live_ratio(m, d, zero_param, scalars)[0] == 1.0
     param = torch.full((4,), 5.0)
-    coeffs = F.live_ratio_(m, d, param, scalars)  # ‖p‖/‖u‖ = 10/2 = 5, capped at 2
+    coeffs = F.live_ratio(m, d, param, scalars)  # ‖p‖/‖u‖ = 10/2 = 5, capped at 2
     assert coeffs[0] == 2.0 and coeffs[1] == torch.tensor(LR, dtype=torch.float32) * 2.0
     F.live_apply_(param, m, d, coeffs, scalars)
     torch.testing.assert_close(param, torch.full((4,), 5.0 - LR * 2.0))
