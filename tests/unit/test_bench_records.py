@@ -20,6 +20,7 @@ def test_quick_runs_write_their_own_file(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(bench.comm, "_timing_records", lambda *a, **k: [])
     monkeypatch.setattr(bench.comm, "_default_layout_record", lambda *a, **k: record)
     monkeypatch.setattr(bench.comm, "_segment_norms_record", lambda *a, **k: record)
+    monkeypatch.setattr(bench.comm, "_bytes_moved_record", lambda *a, **k: record)  # 336M elements otherwise
     bench.comm.main(["--quick"])
     bench.comm.main(["--numel", "4096"])  # any reduced size is a quick run too
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["comm_quick.json"]
@@ -33,6 +34,17 @@ def test_the_segment_norms_record_times_both_norms():
     assert record.name == "segment_l1_norms_ns_per_element"
     assert record.value > 0 and record.peer_value > 0 and record.config["two_norm_ns_per_element"] > 0
     assert record.config["rows"] == 200_000 // bench.comm.NORM_ROW_LENGTH
+
+
+def test_the_bytes_moved_records_time_the_call_against_a_copy():
+    plain = bench.comm._bytes_moved_record(200_000, repeats=1)
+    default = bench.comm._bytes_moved_record(bench.comm.QUICK_NUMEL, repeats=1, default_layout=True)
+    assert plain.name == "compression_bytes_moved_n2" and plain.peer_value == 8.0
+    assert default.name == "compression_bytes_moved_default_layout_n2"
+    assert "per_column" in default.config["layout"]
+    for record in (plain, default):
+        assert record.value > 0 and record.config["ns_per_worker_element"] > 0
+        assert record.config["copy_GB_per_s"] > 0 and record.config["threads"] == 1
 
 
 def test_results_name_and_atomic_write(tmp_path: Path):
