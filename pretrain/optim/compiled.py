@@ -157,14 +157,13 @@ class CompiledCompressionStep:
                 group.params, group.exp_avgs, group.divisors, group.exchange_views, group.transposed
             ):
                 flat_p, flat_m, flat_d = flat_views(p, m, d)
-                if transposed:  # ū into m, which the apply then scales in place
+                source = None  # ū: in m after the transposed copy (the apply scales m in place), else in view
+                if transposed:
                     self._transpose(view, m)
-                    coeffs = self._ratio(flat_m, flat_d, flat_p, group.scalars)
-                    self._apply(flat_p, flat_m, flat_d, coeffs, group.scalars)
                 else:
-                    flat_view = flat_views(m, view)[1]
-                    coeffs = self._ratio(flat_m, flat_d, flat_p, group.scalars, flat_view)
-                    self._apply(flat_p, flat_m, flat_d, coeffs, group.scalars, flat_view)
+                    source = flat_views(m, view)[1]
+                coeffs = self._ratio(flat_m, flat_d, flat_p, group.scalars, source)
+                self._apply(flat_p, flat_m, flat_d, coeffs, group.scalars, source)
                 group_ratios.append(coeffs[0])
             ratios.append(torch.stack(group_ratios) if group_ratios else torch.zeros(0, device=buffer.device))
         return ratios
