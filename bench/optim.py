@@ -39,10 +39,10 @@ from typing import Any
 import torch
 
 from bench.records import Record, results_name, write_records
-from pretrain.optim import Lamb, OnebitLamb, param_groups
+from pretrain.optim import Lamb, OnebitLamb, marginals, param_groups
 from pretrain.optim import compiled as compiled_module
 from pretrain.optim import functional as F
-from pretrain.optim.base import global_grad_norm
+from pretrain.optim.base import Workspace, global_grad_norm
 
 PEER_ADAMW = "torch.optim.AdamW(fused=True)"
 PEER_TORCH_OPTIMIZER = "torch_optimizer.Lamb"
@@ -185,6 +185,28 @@ def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
         )
 
 
+def marginal_sums(model: torch.nn.Module, warmup: int, reps: int) -> dict[str, float]:
+    """Seconds to add the row and column sums of g² for every weight matrix of `model` (1-bit LAMB's
+    factored/rank1 variance refresh, each compression step): the numba loop and the torch path."""
+    matrices = [p.detach() for p in model.parameters() if p.dim() == 2]
+    grads = [0.01 * torch.randn(m.shape) for m in matrices]
+    sums = [(torch.zeros(m.shape[0]), torch.zeros(m.shape[1])) for m in matrices]
+    workspace = Workspace()
+
+    def run(add: Callable[..., None]) -> None:
+        for grad, (rows, cols) in zip(grads, sums):
+            add(grad, rows, cols, workspace)
+
+    return interleaved_medians(
+        {
+            "numba": lambda: run(marginals.add_square_marginals),
+            "torch": lambda: run(marginals.torch_add_square_marginals),
+        },
+        warmup,
+        reps,
+    )
+
+
 class Contenders:
     """Optimizers over the same tensors, built on first use and released when a pair no longer needs
     them: at most two optimizer states are alive at a time (BERT-Large: ≈ 2.7 GB each, 5.4 for 1-bit
@@ -312,6 +334,19 @@ def main(argv: list[str]) -> None:
     for name in ("direction", "apply", "norm_aten", "norm_dot"):
         seconds, peer = times[name], times["adamw"]
         records.append(Record(f"lamb_kernel_{name}", seconds, "s", PEER_ADAMW, peer, None, kernel_config))
+    times = marginal_sums(model, warmup, reps + 2)
+    note = "row and column sums of g² over every weight matrix (variance_refresh's marginals, each step)"
+    records.append(
+        Record(
+            "onebit_lamb_square_marginals",
+            times["numba"] if marginals._numba_marginals() is not None else float("nan"),
+            "s",
+            "torch ops (pretrain.optim.marginals.torch_add_square_marginals)",
+            times["torch"],
+            None,
+            {**config, "note": note},
+        )
+    )
     onebit, lamb = contenders.race(("onebit", "lamb"), warmup, reps, keep=("lamb",))
     note = "compute only: one process, so no compressed allreduce and no kappa scaling"
     records.append(

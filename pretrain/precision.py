@@ -15,14 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pretrain.optim.base import global_grad_norm
+
 
 def nonfinite_on_any_rank(params: list[torch.Tensor]) -> tuple[bool, torch.Tensor]:
     """(whether some rank's gradients hold Inf/NaN, this rank's global gradient norm as a 0-dim tensor)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    else:
-        norm = torch.zeros(())
+    norm = global_grad_norm([p.grad for p in params if p.grad is not None])
     flag = (~torch.isfinite(norm)).float().reshape(1)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -49,7 +49,7 @@ from pretrain.metrics import (
     scrub_secrets,
 )
 from pretrain.model import PretrainingObjective, build_model, column_major_linear_weights_
-from pretrain.optim import build_optimizer, needs_gradient_allreduce, param_groups
+from pretrain.optim import build_optimizer, mark_gradients_checked, needs_gradient_allreduce, param_groups
 from pretrain.optim.base import split_replicated
 from pretrain.optim.config import GradAllreduce
 from pretrain.optim.onebit import Compression
@@ -308,6 +308,7 @@ class Trainer:
         grad_norm = float(self.scaler.grad_norm) if log_step and self.scaler.grad_norm is not None else None
         traffic_before = _onebit_bytes(self.optimizer)
         if not overflow:
+            mark_gradients_checked(self.optimizer)  # the 1-bit compression stage need not check again
             self.optimizer.step()
         skipped = overflow or bool(getattr(self.optimizer, "last_step_skipped", False))
         diagnostics = self.diagnostics.end_step(skipped) if self.diagnostics is not None else {}

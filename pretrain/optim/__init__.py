@@ -66,6 +66,7 @@ __all__ = [
     "OptimizerConfig",
     "Stage",
     "build_optimizer",
+    "mark_gradients_checked",
     "needs_gradient_allreduce",
     "param_groups",
 ]
@@ -75,6 +76,15 @@ def needs_gradient_allreduce(optimizer: Optimizer) -> bool:
     """Whether the trainer must mean-allreduce gradients before the next step (True for any optimizer
     that does not say otherwise, e.g. torch's AdamW)."""
     return bool(getattr(optimizer, "needs_gradient_allreduce", True))
+
+
+def mark_gradients_checked(optimizer: Optimizer) -> None:
+    """Tell `optimizer` that no rank's gradients hold Inf/NaN this step (the caller MAX-allreduced that);
+    the 1-bit optimizers then skip repeating the check in a compression-stage step
+    (`OnebitOptimizer.mark_gradients_checked`); other optimizers ignore it."""
+    mark = getattr(optimizer, "mark_gradients_checked", None)
+    if mark is not None:
+        mark()
 
 
 def build_optimizer(

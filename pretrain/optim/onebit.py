@@ -364,6 +364,7 @@ class OnebitOptimizer(OptimizerBase):
         self.frozen_at: int | None = None  # step count at the last switch to compression
         self._segments: list[MomentumSegment] | None = None
         self._grad_norm: Tensor | None = None  # this step's norm of `.grad` (None: worker gradients)
+        self._checked_by_caller = False  # mark_gradients_checked() before this step
 
     # -- stage -----------------------------------------------------------------------------------------
     @property
@@ -395,14 +396,20 @@ class OnebitOptimizer(OptimizerBase):
         loss = evaluate_closure(closure)
         segments = self._ensure_state()
         grads = [self._fp32_grad(p) for segment in segments for p in segment.params]
-        checked = grads
-        if self.uses_worker_gradients:
-            checked = [segment.local for segment in segments if segment.local is not None]
-        norm = global_grad_norm(checked)
-        # the norm of `grads` (averaged in warmup), for a subclass that needs it (nvlamb's pre-normalization)
-        self._grad_norm = norm if checked is grads else None
-        if self._record_skip(self._any_rank_nonfinite(norm)):
-            return loss
+        checked_by_caller, self._checked_by_caller = self._checked_by_caller, False
+        if checked_by_caller and self.stage is Stage.compression and not self.uses_worker_gradients:
+            # the caller's MAX-allreduced check covered these gradients, and no norm is needed
+            self._grad_norm = None
+            self._record_skip(False)
+        else:
+            checked = grads
+            if self.uses_worker_gradients:
+                checked = [segment.local for segment in segments if segment.local is not None]
+            norm = global_grad_norm(checked)
+            # the norm of `grads` (averaged in warmup), for a subclass that needs it (nvlamb's scale)
+            self._grad_norm = norm if checked is grads else None
+            if self._record_skip(self._any_rank_nonfinite(norm)):
+                return loss
         if self.stage is Stage.warmup:
             self._warmup_step(grads)
         else:
@@ -429,6 +436,14 @@ class OnebitOptimizer(OptimizerBase):
     def worker_gradient_views(self, worker: int) -> list[Tensor]:
         """Views of row `worker` of `worker_gradients()` shaped like the parameters, in parameter order."""
         return [view for segment in self._ensure_state() for view in segment.views_of(segment.local[worker])]  # type: ignore[index]
+
+    def mark_gradients_checked(self) -> None:
+        """The caller has MAX-allreduced whether any rank's `.grad` holds Inf/NaN and found none (the
+        trainer's loss scaler, every step): the next `step()`, if it is a compression-stage step reading
+        `.grad`, skips repeating that check (a full read of the gradients for their norm, which that stage
+        does not otherwise use, and an allreduce). One step only; a warmup step checks anyway (its norm
+        feeds nvlamb's pre-normalization), as do virtual workers' steps (they read their own gradients)."""
+        self._checked_by_caller = True
 
     def _any_rank_nonfinite(self, norm: Tensor) -> bool:
         """Whether this rank's gradient norm `norm`, or any other rank's, is not finite."""

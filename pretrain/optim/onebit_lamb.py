@@ -114,7 +114,9 @@ from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.exact import worker_order_mean
 from pretrain.optim import compiled
 from pretrain.optim import functional as F
-from pretrain.optim.base import CPU_CHUNK_NUMEL, Workspace, global_grad_norm
+from pretrain.optim.base import global_grad_norm
+from pretrain.optim.live_step import live_trust_ratio_step_
+from pretrain.optim.marginals import add_square_marginals
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
 
 logger = logging.getLogger(__name__)
@@ -595,7 +597,7 @@ class OnebitLamb(OnebitOptimizer):
         for worker, sums in enumerate(self._square_sums):
             own = grads if segment.local is None else segment.views_of(segment.local[worker])
             for i, (row_sums, col_sums) in zip(positions, self._marginal_views(sums, segment)):
-                _add_square_marginals(own[i], row_sums, col_sums, self.workspace)
+                add_square_marginals(own[i], row_sums, col_sums, self.workspace)
 
     def _refresh_factored(self, segment: Any) -> None:
         """refresh_from=factored: the row and column sums' mean over workers and the K steps enter β2^K-EMAs;
@@ -734,10 +736,7 @@ class OnebitLamb(OnebitOptimizer):
             tensors.append(self._states(params, "exp_avg_sq") if divisors is None else divisors)
             hyper = self._hyper(group)
             min_coeff, max_coeff = self._ratio_bounds(group)
-            coeffs = self._chunked(
-                F.clamped_trust_ratio_step_,
-                tensors,
-                (),
+            options = dict(
                 lr=hyper["lr"],
                 eps=hyper["eps"],
                 weight_decay=hyper["weight_decay"],
@@ -745,6 +744,9 @@ class OnebitLamb(OnebitOptimizer):
                 max_coeff=max_coeff,
                 rooted=divisors is not None,
             )
+            coeffs = live_trust_ratio_step_(*tensors, **options)  # numba on CPU (None: not usable here)
+            if coeffs is None:
+                coeffs = self._chunked(F.clamped_trust_ratio_step_, tensors, (), **options)
             self._last_live_coeffs[id(group)] = coeffs
             return
         tensors = [[self._fp32_param(p) for p in params], self._states(params, "exp_avg"), prev_exp_avgs]
@@ -815,23 +817,6 @@ class OnebitLamb(OnebitOptimizer):
         if live and self.stage is Stage.compression:
             statistics["live_coeff_mean"] = float(torch.cat(live).mean())
         return statistics
-
-
-def _add_square_marginals(matrix: Tensor, row_sums: Tensor, col_sums: Tensor, workspace: Workspace) -> None:
-    """row_sums += Σⱼ m², col_sums += Σᵢ m² for a matrix m, through the workspace: on CPU in blocks of rows
-    of at most `CPU_CHUNK_NUMEL` elements (no matrix-sized temporary; the squares stay in cache between
-    the two sums), elsewhere the whole matrix at once."""
-    if not matrix.is_contiguous() and matrix.t().is_contiguous():  # column-major: its transpose's rows
-        matrix, row_sums, col_sums = matrix.t(), col_sums, row_sums
-    rows, cols = matrix.shape
-    step = max(1, CPU_CHUNK_NUMEL // cols) if matrix.device.type == "cpu" else rows
-    scratch = workspace.flat(min(rows, step) * cols, matrix.device)
-    for first in range(0, rows, step):
-        block = matrix[first : first + step]
-        square = scratch[: block.numel()].view(block.shape)
-        torch.mul(block, block, out=square)
-        row_sums[first : first + step].add_(square.sum(1))
-        col_sums.add_(square.sum(0))
 
 
 def _block_sums(values: Tensor, block: int) -> Tensor:

@@ -9,8 +9,9 @@ import logging
 import pytest
 import torch
 
-from pretrain.optim import Lamb, OnebitLamb, Stage
+from pretrain.optim import Lamb, OnebitLamb, Stage, mark_gradients_checked
 from pretrain.optim import functional as F
+from pretrain.optim import onebit as onebit_module
 
 FACTOR_RULE = dict(factor_min=0.5, factor_max=4.0, factor_threshold=0.1)
 
@@ -253,6 +254,31 @@ def test_overflow_skips_and_leaves_all_state_unchanged(steps_before):
     assert all(_same(list(state[i].values()), list(after[i].values())) for i in state)
     _run(model, opt, [99])
     assert not opt.last_step_skipped and opt.step_count == steps_before + 1
+
+
+def test_a_step_the_caller_checked_skips_the_norm_in_compression_only(monkeypatch):
+    """mark_gradients_checked(): a compression-stage step skips its own norm and finiteness flag (the
+    caller's check covered them) and takes the same step to the bit; a warmup step checks anyway, and the
+    mark lasts one step."""
+    calls = []
+    norm = onebit_module.global_grad_norm
+    monkeypatch.setattr(onebit_module, "global_grad_norm", lambda grads: calls.append(1) or norm(grads))
+    plain, marked = _model(), _model()
+    optimizers = [OnebitLamb(_groups(model), freeze_step=2) for model in (plain, marked)]
+    for step in range(6):
+        for model, optimizer in zip((plain, marked), optimizers):
+            _set_grads(model, step)
+            mark = model is marked and step != 4
+            if mark:
+                mark_gradients_checked(optimizer)
+            before = len(calls)
+            optimizer.step()
+            assert (len(calls) > before) == (not mark or step < 2), (step, mark)
+            assert not optimizer.last_step_skipped
+    assert optimizers[1].stage is Stage.compression
+    assert _same(_params(plain), _params(marked))
+    first, second = map(_state_snapshot, optimizers)
+    assert all(_same(list(first[i].values()), list(second[i].values())) for i in first)
 
 
 # -- masks ------
