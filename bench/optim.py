@@ -187,7 +187,8 @@ def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
 
 def marginal_sums(model: torch.nn.Module, warmup: int, reps: int) -> dict[str, float]:
     """Seconds to add the row and column sums of g² for every weight matrix of `model` (1-bit LAMB's
-    factored/rank1 variance refresh, each compression step): the numba loop and the torch path."""
+    factored/rank1 variance refresh, each compression step): the numba loop and the torch path, both on
+    one thread (numba's loop is single-threaded; the e2e benchmark's ranks run one thread each)."""
     matrices = [p.detach() for p in model.parameters() if p.dim() == 2]
     grads = [0.01 * torch.randn(m.shape) for m in matrices]
     sums = [(torch.zeros(m.shape[0]), torch.zeros(m.shape[1])) for m in matrices]
@@ -197,14 +198,19 @@ def marginal_sums(model: torch.nn.Module, warmup: int, reps: int) -> dict[str, f
         for grad, (rows, cols) in zip(grads, sums):
             add(grad, rows, cols, workspace)
 
-    return interleaved_medians(
-        {
-            "numba": lambda: run(marginals.add_square_marginals),
-            "torch": lambda: run(marginals.torch_add_square_marginals),
-        },
-        warmup,
-        reps,
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return interleaved_medians(
+            {
+                "numba": lambda: run(marginals.add_square_marginals),
+                "torch": lambda: run(marginals.torch_add_square_marginals),
+            },
+            warmup,
+            reps,
+        )
+    finally:
+        torch.set_num_threads(threads)
 
 
 class Contenders:
@@ -335,7 +341,7 @@ def main(argv: list[str]) -> None:
         seconds, peer = times[name], times["adamw"]
         records.append(Record(f"lamb_kernel_{name}", seconds, "s", PEER_ADAMW, peer, None, kernel_config))
     times = marginal_sums(model, warmup, reps + 2)
-    note = "row and column sums of g² over every weight matrix (variance_refresh's marginals, each step)"
+    note = "row and column sums of g² over every weight matrix (variance_refresh's marginals), one thread"
     records.append(
         Record(
             "onebit_lamb_square_marginals",
