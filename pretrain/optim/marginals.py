@@ -2,13 +2,13 @@
 up every compression step (:meth:`OnebitLamb._accumulate_marginals`), for every weight matrix.
 
 On CPU with numba (the compressed allreduce's kernels, :mod:`pretrain.comm.kernels`) one loop reads the
-matrix once: each row's squares summed in float64 (vectorised: ``reassoc`` on that loop only, an order fixed
-by the compiled code), the columns' in a float64 row of length C (in cache), both rounded to fp32 once per
-call and added to the sums. The torch path (elsewhere, or without numba) squares blocks of rows into the
+matrix once: each row's squares summed in float64 (vectorised: ``reassoc`` on this loop, an order fixed by
+the compiled code), the columns' in a float64 row of length C (in cache), both rounded to fp32 once per call
+and added to the sums. The torch path (elsewhere, or without numba) squares blocks of rows into the
 workspace and sums them with ATen, four passes over a block: 0.12 s of each 4-rank BERT-Base step per rank
-on the 2-core bench machine (``python -m bench optim``'s ``square_marginals`` record compares the two). The
-two differ in the last bits; each is deterministic, and every worker (virtual or a real rank) runs the same
-one, so virtual workers still match real ranks bit for bit.
+on the 2-core bench machine; ``python -m bench optim``'s ``onebit_lamb_square_marginals`` record compares
+the two on one thread. They differ in the last bits; each is deterministic, and every worker (virtual or a
+real rank) runs the same one, so virtual workers still match real ranks bit for bit.
 """
 
 from __future__ import annotations
