@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pretrain.optim.base import flat_views
+
 
 @functools.cache
 def _numba_loops() -> Any:
@@ -73,26 +75,16 @@ def _numba_loops() -> Any:
     return square_norms, apply_
 
 
-def _flat(t: Tensor) -> Tensor | None:
-    """A 1-D view of `t` in memory order (row-major, or a column-major matrix's transpose), else None."""
-    if t.is_contiguous():
-        return t.view(-1)
-    if t.dim() == 2 and t.t().is_contiguous():
-        return t.t().reshape(-1)  # a view
-    return None
-
-
 def _flat_alike(tensors: tuple[Tensor, ...]) -> list[Tensor] | None:
-    """The tensors' flat views when all are CPU fp32 and laid out alike, else None."""
+    """The tensors' 1-D views in memory order (`base.flat_views`) when all are CPU fp32 of one shape and
+    one memory order, else None."""
     first = tensors[0]
-    if any(
-        t.device.type != "cpu" or t.dtype != torch.float32 or t.stride() != first.stride() for t in tensors
-    ):
+    if first.device.type != "cpu" or any(t.dtype != torch.float32 or t.shape != first.shape for t in tensors):
         return None
-    if any(t.shape != first.shape for t in tensors):
+    try:
+        return flat_views(*(t.detach() for t in tensors))
+    except ValueError:  # different memory orders, or neither row- nor column-major
         return None
-    flats = [_flat(t.detach()) for t in tensors]
-    return None if any(f is None for f in flats) else flats  # type: ignore[return-value]
 
 
 def live_trust_ratio_step_(
