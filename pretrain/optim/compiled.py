@@ -3,7 +3,9 @@
 The eager step (`OnebitLamb._compression_step` with `precondition` and a live trust ratio, the project's
 default) runs about fourteen separate full-buffer passes around the compressed allreduce: the local
 momentum (two), the division by √v+ε (into a scratch, then a transposed copy for a per-column matrix),
-the same two passes back with the multiplication, and the trust-ratio step (eight). Here they are at most
+the same two passes back with the multiplication, and the trust-ratio step (eight); on CPU with numba
+(`pretrain.optim.live_step`) the eager step itself makes three loops per tensor: the momentum already
+divided, and the trust-ratio step's two, which multiply by √v+ε on the way. Here they are at most
 four per tensor (items 1, 3-5; five for a `per_column` matrix), each one `torch.compile`d function
 (Inductor: vectorised C++ on CPU, Triton on GPU):
 

@@ -14,6 +14,17 @@ bit for bit, and a resumed run repeats an uninterrupted one. Used on CPU for fp3
 (row-major, or all three column-major) when numba imports (the compressed allreduce's kernels,
 :mod:`pretrain.comm.kernels`); otherwise, and on accelerators, the torch path (the compiled path,
 ``optim.compile``, is separate: :mod:`pretrain.optim.compiled`).
+
+Around the exchange (preconditioned, issue #15), two more passes fold into these loops:
+
+- before it, `preconditioned_momentum_` forms x = (β1·m + (1−β1)·g)/(√v+ε) in one loop per tensor (read m,
+  g and the divisor, write x) where the torch path made three (m·β1, + (1−β1)·g, ÷ divisor): 4 memory
+  passes instead of 8. The sum is one fused multiply-add, as ATen's vectorised ``add(alpha=)`` computes it
+  on x86 (the LLVM intrinsic ``llvm.fma``), so the bits are the torch path's there; virtual workers take
+  the same loop, so real ranks and virtual workers agree bit for bit wherever it runs;
+- after it, the exchange's average ū (in units of u) need not be multiplied back by √v+ε in a pass of its
+  own: `live_trust_ratio_step_(..., averages=True)` forms m = ū·(√v+ε) inside both loops and stores m in
+  the second (the same fp32 products as that pass, so the same bits).
 """
 
 from __future__ import annotations
@@ -72,7 +83,78 @@ def _numba_loops() -> Any:
                 p = param[i]
                 param[i] = p + step * (exp_avg[i] / (np.sqrt(denominator[i]) + eps) + weight_decay * p)
 
-    return square_norms, apply_
+    @jit(fastmath={"reassoc"})
+    def square_norms_of_averages(param, average, denominator, weight_decay):
+        # as square_norms (rooted) with m = ū·d formed here
+        param_sum, update_sum = 0.0, 0.0
+        for i in range(param.shape[0]):
+            p = param[i]
+            u = average[i] * denominator[i] / denominator[i] + weight_decay * p
+            param_sum += np.float64(p) * np.float64(p)
+            update_sum += np.float64(u) * np.float64(u)
+        return param_sum, update_sum
+
+    @jit
+    def apply_averages_(param, average, denominator, weight_decay, step):
+        # m = ū·d stored in place of ū, p ← p + step·u
+        for i in range(param.shape[0]):
+            p = param[i]
+            m = average[i] * denominator[i]
+            average[i] = m
+            param[i] = p + step * (m / denominator[i] + weight_decay * p)
+
+    return square_norms, apply_, square_norms_of_averages, apply_averages_
+
+
+@functools.cache
+def _numba_momentum() -> Any:
+    """The `preconditioned_momentum_` loop compiled on first use; None where numba cannot be used."""
+    from pretrain.comm import kernels
+
+    if kernels.numba_unavailable_reason() is not None:
+        return None
+    import numba
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def fma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+        # a·b + c rounded once (llvm.fma: one instruction where the CPU has FMA, libm's fmaf elsewhere)
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.fma(*args)
+
+        return types.float32(types.float32, types.float32, types.float32), codegen
+
+    @numba.njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+    def momentum_(out, exp_avg, grad, denominator, beta1, weight):
+        # out ← (β1·m + weight·g)/d; out may be exp_avg or grad itself
+        for i in range(out.shape[0]):
+            out[i] = fma(weight, grad[i], beta1 * exp_avg[i]) / denominator[i]
+
+    return momentum_
+
+
+def preconditioned_momentum_(
+    outs: list[Tensor],
+    exp_avgs: list[Tensor],
+    grads: list[Tensor],
+    denominators: list[Tensor],
+    *,
+    beta1: float,
+) -> bool:
+    """outs ← (β1·m + (1−β1)·g)/d per tensor (d = √v+ε) in one numba loop each (module docstring); an out
+    may be its m or its g. Returns False, changing nothing, where the loop cannot be used (no numba, not
+    CPU fp32 tensors laid out alike), for the caller to take the torch path."""
+    loop = _numba_momentum()
+    if loop is None or not outs:
+        return False
+    flats = [_flat_alike(tensors) for tensors in zip(outs, exp_avgs, grads, denominators)]
+    if any(f is None for f in flats):
+        return False
+    decay, weight = np.float32(beta1), np.float32(1.0 - beta1)  # as torch rounds β1 and alpha to fp32
+    for out, exp_avg, grad, denominator in flats:  # type: ignore[misc]
+        loop(out.numpy(), exp_avg.numpy(), grad.numpy(), denominator.numpy(), decay, weight)
+    return True
 
 
 def _flat_alike(tensors: tuple[Tensor, ...]) -> list[Tensor] | None:
@@ -98,27 +180,38 @@ def live_trust_ratio_step_(
     min_coeff: float,
     max_coeff: float,
     rooted: bool,
+    averages: bool = False,
 ) -> Tensor | None:
     """`functional.clamped_trust_ratio_step_` (same arguments; `denominators` is v, or √v+ε if `rooted`)
     in numba loops (module docstring); returns c per tensor, or None (and changes nothing) where they
-    cannot be used, for the caller to take the torch path."""
+    cannot be used, for the caller to take the torch path. `averages` (needs `rooted`): `exp_avgs` hold
+    the exchange's ū = m/(√v+ε); m = ū·(√v+ε) is formed here and stored in their place."""
+    if averages and not rooted:
+        raise ValueError("live_trust_ratio_step_: averages=True needs rooted divisors (√v+ε)")
     loops = _numba_loops()
     if loops is None or not params:
         return None
     flats = [_flat_alike(tensors) for tensors in zip(params, exp_avgs, denominators)]
     if any(f is None for f in flats):
         return None
-    square_norms, apply_ = loops
+    square_norms, apply_, square_norms_of_averages, apply_averages_ = loops
     decay, epsilon = np.float32(weight_decay), np.float32(eps)  # fp32 scalars: the loops stay in fp32
     coeffs = []
     for param, exp_avg, denominator in flats:  # type: ignore[misc]
         arrays = (param.numpy(), exp_avg.numpy(), denominator.numpy())
-        param_sum, update_sum = square_norms(*arrays, decay, epsilon, rooted)
+        if averages:
+            param_sum, update_sum = square_norms_of_averages(*arrays, decay)
+        else:
+            param_sum, update_sum = square_norms(*arrays, decay, epsilon, rooted)
         # the norms rounded to fp32, the ratio in fp32 and clamped, as the torch path
         param_norm, update_norm = np.float32(math.sqrt(param_sum)), np.float32(math.sqrt(update_sum))
         coeff = 1.0
         if param_norm > 0 and update_norm > 0:
             coeff = min(max(float(param_norm / update_norm), min_coeff), max_coeff)
         coeffs.append(coeff)
-        apply_(*arrays, decay, epsilon, rooted, np.float32(-lr * np.float32(coeff)))
+        step = np.float32(-lr * np.float32(coeff))
+        if averages:
+            apply_averages_(*arrays, decay, step)
+        else:
+            apply_(*arrays, decay, epsilon, rooted, step)
     return torch.tensor(coeffs, dtype=torch.float32)

@@ -92,6 +92,7 @@ from pretrain.comm import CompressedAllreduce, TrafficCounter, padded_numel
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.layout import Block, ScaleLayout
 from pretrain.optim.base import OptimizerBase, Workspace, evaluate_closure, global_grad_norm, views_like
+from pretrain.optim.live_step import preconditioned_momentum_
 
 logger = logging.getLogger(__name__)
 
@@ -581,16 +582,52 @@ class OnebitOptimizer(OptimizerBase):
     def _on_load_warmup(self) -> None:
         """Loaded at step < freeze_step: drop compression-only state (errors and pad start at zero)."""
 
-    def _exchange(self, segment: MomentumSegment, kappas: list[Tensor] | None, *, beta1: float) -> None:
+    def _fused_exchange(self, segment: MomentumSegment, kappas: list[Tensor] | None) -> bool:
+        """Whether the passes around a preconditioned exchange may fold into the step's own loops: the
+        local momentum formed already divided by √v+ε (`live_step.preconditioned_momentum_`) and, for
+        1-bit LAMB's live step, the average left in units of u. Needs more than one worker, no κ, no
+        `local_momentum` and no diagnostics probe (it reads the momentum before the division)."""
+        probing = self.probe is not None and self.probe.active
+        return (
+            self.exchange.precondition
+            and segment.compressor is not None
+            and kappas is None
+            and not self.exchange.local_momentum
+            and not probing
+        )
+
+    def _preconditioned_local_momentum(
+        self, segment: MomentumSegment, grads: list[Tensor], kappas: list[Tensor] | None, *, beta1: float
+    ) -> bool:
+        """k == 1 where `_fused_exchange` allows: the segment's views ← (β1·m + (1−β1)·g)/(√v+ε) (`grads`
+        those of the segment's parameters), ready for `_exchange(..., divided=True)`. False (nothing
+        changed) elsewhere: the caller forms m itself."""
+        if segment.local is not None or not self._fused_exchange(segment, kappas):
+            return False
+        views = segment.views
+        return preconditioned_momentum_(views, views, grads, self._divisors(segment), beta1=beta1)
+
+    def _exchange(
+        self,
+        segment: MomentumSegment,
+        kappas: list[Tensor] | None,
+        *,
+        beta1: float,
+        divided: bool = False,
+        scale_back: bool = True,
+    ) -> None:
         """Replace the segment's local momentum by the compressed average over all workers.
 
         k == 1: `segment.buffer` holds this rank's local momentum (views updated by the caller), or with
-        `local_momentum` the caller updated `momentum_views(segment)` and it is copied in here.
+        `local_momentum` the caller updated `momentum_views(segment)` and it is copied in here; `divided`:
+        the caller formed it already divided by √v+ε (`_preconditioned_local_momentum`).
         k > 1: row w of `segment.local` holds worker w's own gradient g_w; here it becomes that
         worker's local momentum β1·m + (1−β1)·g_w (m the synchronized momentum in `segment.buffer`,
         the pad kept from it; with `local_momentum` m is worker w's own), with the arithmetic of
-        `functional.local_momentum_`. κ (DeepSpeed's layout only) scales every tensor before the exchange
-        and is divided out after it.
+        `functional.local_momentum_` (preconditioned: divided by √v+ε in the same numba loop where
+        `_fused_exchange` allows, as k == 1 does). κ (DeepSpeed's layout only) scales every tensor before
+        the exchange and is divided out after it. `scale_back=False` (preconditioned): the buffer keeps
+        the average ū in units of u, for the caller's step to multiply by √v+ε (`live_step`).
         """
         if self.exchange.local_momentum and segment.local is None:
             segment.buffer.copy_(segment.worker_momenta(1))
@@ -603,34 +640,52 @@ class OnebitOptimizer(OptimizerBase):
                 torch._foreach_mul_(segment.views, kappas)
         else:
             local = segment.local
-            numel = segment.buffer.numel() - segment.pad.numel()
-            own = segment.worker_momenta(self.virtual_workers) if self.exchange.local_momentum else None
-            scaled = segment.snapshot_scaled(beta1) if own is None else None  # β1·m, once for all workers
-            for worker in range(self.virtual_workers):
-                row = local[worker]
-                if own is None:
-                    assert scaled is not None
-                    torch.add(scaled[:numel], row[:numel], alpha=1.0 - beta1, out=row[:numel])
-                    row[numel:].copy_(segment.pad)
-                else:
-                    own[worker, :numel].mul_(beta1).add_(row[:numel], alpha=1.0 - beta1)
-                    row.copy_(own[worker])
-                if kappas is not None:
-                    torch._foreach_mul_(segment.views_of(row), kappas)
+            divided = self._virtual_local_momenta(segment, kappas, beta1=beta1)
         probe = self.probe if self.probe is not None and self.probe.active else None
         if probe is not None:
             probe.before_exchange(local, self.world_size, self.group)
         divisors = self._divisors(segment) if self.exchange.precondition else None
-        segment.to_exchange_layout_(local, divisors, self.workspace)
+        segment.to_exchange_layout_(local, None if divided else divisors, self.workspace)
         if segment.local is None:
             compressor(segment.buffer)
         else:
             compressor(segment.local, out=segment.buffer)
-        segment.from_exchange_layout_(segment.buffer, divisors, self.workspace)
+        segment.from_exchange_layout_(segment.buffer, divisors if scale_back else None, self.workspace)
         if probe is not None:
             probe.after_exchange(segment.buffer, segment.params, kappas)
         if kappas is not None:
             torch._foreach_div_(segment.views, kappas)
+
+    def _virtual_local_momenta(
+        self, segment: MomentumSegment, kappas: list[Tensor] | None, *, beta1: float
+    ) -> bool:
+        """`_exchange`'s k > 1 local momenta (its docstring), row by row of `segment.local`; returns whether
+        they came out divided by √v+ε (the fused loop)."""
+        assert segment.local is not None
+        local = segment.local
+        numel = segment.buffer.numel() - segment.pad.numel()
+        own = segment.worker_momenta(self.virtual_workers) if self.exchange.local_momentum else None
+        if own is None and self._fused_exchange(segment, kappas):
+            divisors, momenta = self._divisors(segment), segment.views
+            first, *rest = [segment.views_of(row) for row in local]
+            if preconditioned_momentum_(first, momenta, first, divisors, beta1=beta1):
+                for views in rest:  # the first row told whether the loop runs here at all
+                    preconditioned_momentum_(views, momenta, views, divisors, beta1=beta1)
+                local[:, numel:].copy_(segment.pad)
+                return True
+        scaled = segment.snapshot_scaled(beta1) if own is None else None  # β1·m, once for all workers
+        for worker in range(self.virtual_workers):
+            row = local[worker]
+            if own is None:
+                assert scaled is not None
+                torch.add(scaled[:numel], row[:numel], alpha=1.0 - beta1, out=row[:numel])
+                row[numel:].copy_(segment.pad)
+            else:
+                own[worker, :numel].mul_(beta1).add_(row[:numel], alpha=1.0 - beta1)
+                row.copy_(own[worker])
+            if kappas is not None:
+                torch._foreach_mul_(segment.views_of(row), kappas)
+        return False
 
     def _divisors(self, segment: MomentumSegment) -> list[Tensor]:
         """√v+ε per tensor of `segment` from the frozen variance (built once per compression stage)."""

@@ -86,9 +86,11 @@ class OnebitAdam(OnebitOptimizer):
 
     def _compression_step(self, grads: list[Tensor]) -> None:
         for (group, span), segment in zip(self._group_slices(), self._segments or []):
-            if segment.local is None:  # virtual workers form their local momenta inside the exchange
-                F.local_momentum_(self.momentum_views(segment), grads[span], beta1=group["betas"][0])
-            self._exchange(segment, None, beta1=group["betas"][0])
+            beta1 = group["betas"][0]
+            divided = self._preconditioned_local_momentum(segment, grads[span], None, beta1=beta1)
+            if segment.local is None and not divided:  # virtual workers: inside the exchange
+                F.local_momentum_(self.momentum_views(segment), grads[span], beta1=beta1)
+            self._exchange(segment, None, beta1=beta1, divided=divided)
         self._apply_masks()
         for group, _ in self._group_slices():
             hyper = dict(lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])

@@ -671,17 +671,23 @@ class OnebitLamb(OnebitOptimizer):
         kappas = None
         if self.exchange.compression is Compression.deepspeed:
             kappas = self._scaling_coefficients(segment.params)
-        if segment.local is None:  # virtual workers form their local momenta inside the exchange
-            for group, span in self._group_slices():
-                F.local_momentum_(self.momentum_views(segment)[span], grads[span], beta1=group["betas"][0])
         betas = {group["betas"][0] for group in self.param_groups}
         if segment.local is not None and len(betas) > 1:
             raise ValueError("virtual workers need one beta1 for all parameter groups")
-        self._exchange(segment, kappas, beta1=self.param_groups[0]["betas"][0])
-        self._apply_masks()
+        beta1 = self.param_groups[0]["betas"][0]
+        # one numba loop forms (β1·m + (1−β1)·g)/(√v+ε) where it can (`live_step`)
+        divided = len(betas) == 1 and self._preconditioned_local_momentum(segment, grads, kappas, beta1=beta1)
+        if segment.local is None and not divided:  # virtual workers form their local momenta in the exchange
+            for group, span in self._group_slices():
+                F.local_momentum_(self.momentum_views(segment)[span], grads[span], beta1=group["betas"][0])
+        # the live step multiplies the average ū back by √v+ε itself (`_compressed_update`)
+        averages = self._fused_exchange(segment, kappas) and self.trust_ratio is not TrustRatio.frozen
+        self._exchange(segment, kappas, beta1=beta1, divided=divided, scale_back=not averages)
+        self._apply_masks()  # a 0/1 mask: the same bits on ū as on m = ū·(√v+ε)
         divisors = segment.divisors  # √v+ε, kept in step with v (built by the preconditioned exchange)
         for group, span in self._group_slices():
-            self._compressed_update(group, prev_exp_avgs[span], None if divisors is None else divisors[span])
+            group_divisors = None if divisors is None else divisors[span]
+            self._compressed_update(group, prev_exp_avgs[span], group_divisors, averages=averages)
 
     def _compiled_compression_step(self, segment: Any, grads: list[Tensor]) -> None:
         """`pretrain.optim.compiled.CompiledCompressionStep` over every group (live ratio, preconditioned)."""
@@ -727,12 +733,20 @@ class OnebitLamb(OnebitOptimizer):
         return self._states(params, "scaling_coeff")
 
     def _compressed_update(
-        self, group: dict[str, Any], prev_exp_avgs: list[Tensor], divisors: list[Tensor] | None = None
+        self,
+        group: dict[str, Any],
+        prev_exp_avgs: list[Tensor],
+        divisors: list[Tensor] | None = None,
+        *,
+        averages: bool = False,
     ) -> None:
-        """`divisors`: the group's √v+ε where the exchange keeps them (the live step then skips the root)."""
+        """`divisors`: the group's √v+ε where the exchange keeps them (the live step then skips the root).
+        `averages`: the momenta still hold the exchange's ū = m/(√v+ε) (`_exchange(scale_back=False)`);
+        the live step forms m = ū·(√v+ε) and stores it."""
         params = group["params"]
         if self.trust_ratio is not TrustRatio.frozen:
-            tensors = [[self._fp32_param(p) for p in params], self._states(params, "exp_avg")]
+            exp_avgs = self._states(params, "exp_avg")
+            tensors = [[self._fp32_param(p) for p in params], exp_avgs]
             tensors.append(self._states(params, "exp_avg_sq") if divisors is None else divisors)
             hyper = self._hyper(group)
             min_coeff, max_coeff = self._ratio_bounds(group)
@@ -744,8 +758,12 @@ class OnebitLamb(OnebitOptimizer):
                 max_coeff=max_coeff,
                 rooted=divisors is not None,
             )
-            coeffs = live_trust_ratio_step_(*tensors, **options)  # numba on CPU (None: not usable here)
+            # numba on CPU (None: not usable here, nothing changed)
+            coeffs = live_trust_ratio_step_(*tensors, **options, averages=averages)
             if coeffs is None:
+                if averages:  # the pass `_exchange` left out, with its arithmetic
+                    assert divisors is not None
+                    torch._foreach_mul_(exp_avgs, divisors)
                 coeffs = self._chunked(F.clamped_trust_ratio_step_, tensors, (), **options)
             self._last_live_coeffs[id(group)] = coeffs
             return

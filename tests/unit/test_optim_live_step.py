@@ -1,6 +1,8 @@
 """1-bit LAMB's live trust-ratio step in numba against the torch path (`clamped_trust_ratio_step_`):
 rooted divisors or v, with and without weight decay, row- and column-major, zero tensors, clamping;
-deterministic; and where it does not apply it changes nothing and says so (None)."""
+deterministic; and where it does not apply it changes nothing and says so (None). The loops around the
+exchange: the momentum formed in units of u (one fused multiply-add and a division), the step from the
+average ū, and 1-bit LAMB taking both and the same steps as without them."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 
 from pretrain.comm.kernels import numba_unavailable_reason
 from pretrain.optim import functional as F
-from pretrain.optim.live_step import live_trust_ratio_step_
+from pretrain.optim.live_step import live_trust_ratio_step_, preconditioned_momentum_
 
 pytestmark = pytest.mark.skipif(numba_unavailable_reason() is not None, reason="numba unavailable")
 
@@ -87,3 +89,117 @@ def test_onebit_lamb_takes_it_in_the_compression_stage(monkeypatch):
             p.grad = torch.randn_like(p)
         optimizer.step()
     assert len(results) == 2 and all(r is not None and r.shape == (4,) for r in results)
+
+
+# -- the loops around the exchange: the momentum into units of u, the average ū back ------------------------
+def _torch_momentum(exp_avg, grad, divisor, beta1):
+    out = exp_avg.clone()
+    F.local_momentum_([out], [grad], beta1=beta1)
+    return out.div_(divisor)
+
+
+def _fma_momentum(exp_avg, grad, divisor, beta1):
+    """(β1·m + (1−β1)·g)/d with the sum rounded once (float64 holds (1−β1)·g exactly; the sum is rounded
+    twice, to float64 and to float32, which differs from once only in rare ties: none in these vectors)."""
+    scaled = exp_avg * torch.tensor(beta1, dtype=torch.float32)
+    weight = torch.tensor(1.0 - beta1, dtype=torch.float32).double()
+    return (scaled.double() + weight * grad.double()).float() / divisor
+
+
+@pytest.mark.parametrize("column_major", [False, True])
+@pytest.mark.parametrize("into", ["exp_avg", "grad", "other"])
+def test_preconditioned_momentum_is_one_fused_multiply_add_and_a_division(column_major, into):
+    params, exp_avgs, divisors = _tensors(column_major)
+    grads = _tensors(column_major, seed=1)[1]
+    want = [_fma_momentum(m, g, d, 0.9) for m, g, d in zip(exp_avgs, grads, divisors)]
+    torch_path = [_torch_momentum(m, g, d, 0.9) for m, g, d in zip(exp_avgs, grads, divisors)]
+    outs = {"exp_avg": exp_avgs, "grad": grads, "other": [torch.empty_like(p) for p in params]}[into]
+    assert preconditioned_momentum_(outs, exp_avgs, grads, divisors, beta1=0.9)
+    for out, expected, reference, param in zip(outs, want, torch_path, params):
+        assert torch.equal(out, expected)
+        assert out.stride() == param.stride()
+        # ATen's add(alpha=) fuses the multiply-add on x86 with FMA (then equal), else one rounding apart
+        torch.testing.assert_close(out, reference, rtol=2e-7, atol=0)
+
+
+def test_preconditioned_momentum_declines_what_it_cannot_take():
+    _, exp_avgs, divisors = _tensors(False)
+    before = [m.clone() for m in exp_avgs]
+    mixed = [exp_avgs[0].t().contiguous().t(), *exp_avgs[1:]]  # column-major gradient for a row-major m
+    assert not preconditioned_momentum_(exp_avgs, exp_avgs, mixed, divisors, beta1=0.9)
+    doubles = [g.double() for g in exp_avgs]
+    assert not preconditioned_momentum_(exp_avgs, exp_avgs, doubles, divisors, beta1=0.9)
+    assert all(torch.equal(m, b) for m, b in zip(exp_avgs, before))
+
+
+@pytest.mark.parametrize("column_major", [False, True])
+def test_the_step_from_the_averages_is_the_step_after_the_multiplication(column_major):
+    """averages=True (ū in the momentum's place) equals m ← ū·d then the usual step, bit for bit, and
+    leaves m = ū·d behind."""
+    options = dict(lr=0.1, eps=1e-6, weight_decay=0.01, min_coeff=0.0, max_coeff=10.0, rooted=True)
+    fused, reference = _tensors(column_major), _tensors(column_major)
+    torch._foreach_mul_(reference[1], reference[2])
+    coeffs = live_trust_ratio_step_(*fused, **options, averages=True)
+    want = live_trust_ratio_step_(*reference, **options)
+    assert coeffs is not None and torch.equal(coeffs, want)
+    for actual, expected in zip(fused[0] + fused[1], reference[0] + reference[1]):
+        assert torch.equal(actual, expected)
+    with pytest.raises(ValueError, match="averages=True needs rooted"):
+        live_trust_ratio_step_(*fused, **{**options, "rooted": False}, averages=True)
+
+
+def test_onebit_lamb_fuses_around_the_exchange_and_takes_the_same_steps(monkeypatch):
+    """Two virtual workers, the default 1-bit LAMB (per_column, preconditioned, live ratio): the fused loops
+    run (momentum into units of u, ū back inside the live step) and the run equals one with both passes
+    in torch ops: to the bit where ATen's add(alpha=) fuses its multiply-add (x86 with FMA), else to a
+    rounding."""
+    from pretrain.optim import OnebitLamb
+    from pretrain.optim import onebit as base_module
+    from pretrain.optim import onebit_lamb as lamb_module
+    from pretrain.optim.config import OnebitLambConfig
+
+    calls, averages = [], []
+    real = base_module.preconditioned_momentum_
+    monkeypatch.setattr(
+        base_module, "preconditioned_momentum_", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    live = lamb_module.live_trust_ratio_step_
+    monkeypatch.setattr(
+        lamb_module, "live_trust_ratio_step_", lambda *a, **k: averages.append(k["averages"]) or live(*a, **k)
+    )
+    _, exp_avgs, divisors = _tensors(False)
+    grads = _tensors(False, seed=1)[1]
+    aten_fuses = all(
+        torch.equal(_torch_momentum(m, g, d, 0.9), _fma_momentum(m, g, d, 0.9))
+        for m, g, d in zip(exp_avgs, grads, divisors)
+    )
+    models = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Linear(40, 7))
+        config = OnebitLambConfig(freeze_step=2, lr=0.01)
+        optimizer = OnebitLamb(model.parameters(), virtual_workers=2, **config.optimizer_kwargs())
+        if not fused:
+            monkeypatch.setattr(optimizer, "_fused_exchange", lambda segment, kappas: False)
+        generator = torch.Generator().manual_seed(1)
+        for step in range(5):
+            before = len(calls)
+            if step < 2:
+                for p in model.parameters():
+                    p.grad = torch.randn(p.shape, generator=generator)
+            else:
+                for worker in range(2):
+                    views = optimizer.worker_gradient_views(worker)
+                    torch._foreach_copy_(views, [torch.randn(v.shape, generator=generator) for v in views])
+            optimizer.step()
+            assert (len(calls) > before) == (fused and step >= 2)
+        models.append((model, optimizer))
+    (fused_model, fused_opt), (plain_model, plain_opt) = models
+    for p, q in zip(fused_model.parameters(), plain_model.parameters()):
+        m, n = fused_opt.state[p]["exp_avg"], plain_opt.state[q]["exp_avg"]
+        if aten_fuses:
+            assert torch.equal(p, q) and torch.equal(m, n)
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-9)
+            torch.testing.assert_close(m, n, rtol=1e-5, atol=1e-9)
+    assert averages == [True] * 3 + [False] * 3  # the fused run's live steps took ū, the other's m
