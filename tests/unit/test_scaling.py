@@ -71,3 +71,15 @@ def test_report_from_the_committed_quick_measurements(tmp_path):
     assert "## Against the published 1-bit LAMB claims" in report and "speedup.png" in report
     assert (tmp_path / "speedup.png").stat().st_size > 10_000
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))
+
+
+def test_the_checks_comment_follows_the_sign_of_its_misses():
+    def rows(*pairs):
+        return [{"predicted_onebit_seconds": p, "measured_seconds": {"onebit_lamb": m}} for p, m in pairs]
+
+    shorter = " ".join(scaling._validation_comment(rows((1.0, 2.0))))
+    longer = " ".join(scaling._validation_comment(rows((2.1, 1.8), (4.2, 3.9))))
+    both = " ".join(scaling._validation_comment(rows((1.0, 2.0), (4.2, 3.9))))
+    assert "shorter than the measured" in shorter and "longer" not in shorter
+    assert "longer than the measured" in longer and "shorter" not in longer
+    assert "shorter than the measured" in both and "longer than the measured" in both
