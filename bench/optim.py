@@ -6,13 +6,17 @@ Parameters, gradients and optimizer states are fp32 tensors with the shapes of H
 the same fixed gradients (values do not affect the timing). Each record races two optimizers, their
 steps interleaved so that machine noise hits both alike, with at most two optimizer states alive:
 
-- `Lamb` eager and `Lamb(compile=True)` (NVLAMB) vs `torch.optim.AdamW(fused=True)`. Target ≤ 1.5×
-  (issue #3), ≤ 1.6× compiled (issue #15). Also LAMB's global gradient-norm pass alone against the same
-  peer (`lamb_gradient_norm_pass`): one read of every gradient, which AdamW without clipping skips; the
-  compiled step with every tensor compiled against the default (small tensors eager,
-  `lamb_compiled_step_every_tensor_compiled`); and each pass of the compiled step on one large tensor
-  against fused AdamW on a tensor as large (`lamb_kernel_*`: the two kernels, the gradient norm with
-  ATen's norm and as the BLAS dot `global_grad_norm` takes on CPU).
+- `Lamb` eager (on CPU: the numba loops, `pretrain.optim.lamb_loops`) and `Lamb(compile=True)` (NVLAMB) vs
+  `torch.optim.AdamW(fused=True)`. Target ≤ 1.5× (issue #3), ≤ 1.6× compiled (issue #15). The eager step
+  also as the trainer runs it (`lamb_eager_step_trainer`): the trainer's Inf/NaN check computes the global
+  gradient norm every step for every optimizer, AdamW included, and hands it to LAMB
+  (`mark_gradients_checked`), whose step then makes no norm pass of its own. Also LAMB's global
+  gradient-norm pass alone against the same peer (`lamb_gradient_norm_pass`): one read of every gradient,
+  which AdamW without clipping skips; the compiled step with every tensor compiled against the default
+  (small tensors eager, `lamb_compiled_step_every_tensor_compiled`); and each pass of the compiled step on
+  one large tensor against fused AdamW on a tensor as large (`lamb_kernel_*`: the two kernels, the
+  gradient norm with ATen's norm and as the BLAS dot `global_grad_norm` takes on CPU;
+  `lamb_kernel_loops_step`: the numba loops' two passes together).
 - `Lamb` eager and compiled vs torch-optimizer's `Lamb` (the `bench` extra; recorded as skipped, with
   the reason, if it is missing). Target: ours ≥ 3× faster, i.e. ratio ≤ 0.333.
 - The 1-bit LAMB compression-stage step with one process (the n = 1 path: compute only, no wire time
@@ -39,7 +43,7 @@ from typing import Any
 import torch
 
 from bench.records import Record, results_name, write_records
-from pretrain.optim import Lamb, OnebitLamb, marginals, param_groups
+from pretrain.optim import Lamb, OnebitLamb, lamb_loops, marginals, mark_gradients_checked, param_groups
 from pretrain.optim import compiled as compiled_module
 from pretrain.optim import functional as F
 from pretrain.optim.base import Workspace, global_grad_norm
@@ -140,6 +144,19 @@ class _GradientNormPass:
         global_grad_norm(self.grads)
 
 
+class _TrainerLamb:
+    """`Lamb` eager as the trainer steps it: the gradient norm of the trainer's check (computed once
+    here: the trainer computes it for AdamW as well) passed in before every step."""
+
+    def __init__(self, groups: list[dict]) -> None:
+        self.optimizer = Lamb(groups, lr=1e-3)
+        self.norm = global_grad_norm([p.grad for group in groups for p in group["params"]])
+
+    def step(self) -> None:
+        mark_gradients_checked(self.optimizer, self.norm)
+        self.optimizer.step()
+
+
 class _EveryTensorCompiled:
     """`Lamb(compile=True)` with every tensor through the compiled kernels (`COMPILED_MIN_NUMEL` = 0, the
     path before small tensors took the eager update): the same run's A/B of that change."""
@@ -158,7 +175,7 @@ class _EveryTensorCompiled:
 def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
     """Seconds of fused AdamW's step on one fp32 tensor of `numel` elements and of each pass of the
     compiled LAMB step on a tensor as large: the two kernels, the gradient norm with ATen's norm and as
-    the BLAS dot that `global_grad_norm` takes on CPU."""
+    the BLAS dot that `global_grad_norm` takes on CPU; and the numba loops' whole step (both passes)."""
     param = torch.nn.Parameter(0.02 * torch.randn(numel))
     param.grad = 1e-3 * torch.randn(numel)
     adamw = torch.optim.AdamW([param], lr=1e-3, fused=True)
@@ -171,6 +188,14 @@ def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
         bias_correction2_sqrt=0.03, grad_scale=1.0, beta1=0.9, beta2=0.999,
     )  # fmt: skip
     coeffs = torch.tensor([1.0, 1e-3])
+    loop_state = [flat.clone(), grad, torch.zeros(numel), torch.zeros(numel)]
+
+    def loops_step() -> None:
+        lamb_loops.lamb_step_(
+            *([t] for t in loop_state), nvlamb=True, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6,
+            weight_decay=0.01, bias_correction1=0.1, bias_correction2_sqrt=0.03,
+        )  # fmt: skip
+
     with torch.no_grad():
         return interleaved_medians(
             {
@@ -179,6 +204,7 @@ def kernel_breakdown(numel: int, warmup: int, reps: int) -> dict[str, float]:
                 "apply": lambda: apply(flat, exp_avg, exp_avg_sq, coeffs, scalars),
                 "norm_aten": lambda: torch.linalg.vector_norm(grad),
                 "norm_dot": lambda: torch.dot(grad, grad),
+                **({"loops_step": loops_step} if lamb_loops._loops() is not None else {}),
             },
             warmup,
             reps,
@@ -235,6 +261,8 @@ class Contenders:
             return _onebit_in_compression(groups)
         if name == "every_tensor_compiled":
             return _EveryTensorCompiled(groups)  # type: ignore[return-value]
+        if name == "lamb_trainer":
+            return _TrainerLamb(groups)  # type: ignore[return-value]
         if name == "grad_norm":
             return _GradientNormPass(groups)  # type: ignore[return-value]
         if name in ("onebit_default", "onebit_compiled"):
@@ -287,7 +315,15 @@ def main(argv: list[str]) -> None:
     skipped = _torch_optimizer_note()
 
     lamb, adamw = contenders.race(("lamb", "adamw"), warmup, reps, keep=("lamb",))
-    records.append(Record("lamb_eager_step", lamb, "s", PEER_ADAMW, adamw, step_time, config))
+    eager_config = {**config, "kernels": "numba loops" if lamb_loops._loops() is not None else "foreach"}
+    records.append(Record("lamb_eager_step", lamb, "s", PEER_ADAMW, adamw, step_time, eager_config))
+    lamb, adamw = contenders.race(("lamb_trainer", "adamw"), warmup, reps)
+    note = "the gradient norm from the trainer's check (mark_gradients_checked), which AdamW's runs make too"
+    records.append(
+        Record(
+            "lamb_eager_step_trainer", lamb, "s", PEER_ADAMW, adamw, "<= 1.6", {**eager_config, "note": note}
+        )
+    )
     if skipped is None:
         lamb, peer = contenders.race(("lamb", "torch_optimizer"), warmup, reps, keep=("torch_optimizer",))
         records.append(
@@ -337,7 +373,9 @@ def main(argv: list[str]) -> None:
     times = kernel_breakdown(kernel_numel, warmup, reps + 2)
     note = "one tensor; fused AdamW's step on it is the peer"
     kernel_config = {**config, "numel": kernel_numel, "note": note}
-    for name in ("direction", "apply", "norm_aten", "norm_dot"):
+    for name in ("direction", "apply", "norm_aten", "norm_dot", "loops_step"):
+        if name not in times:  # no numba
+            continue
         seconds, peer = times[name], times["adamw"]
         records.append(Record(f"lamb_kernel_{name}", seconds, "s", PEER_ADAMW, peer, None, kernel_config))
     times = marginal_sums(model, warmup, reps + 2)

@@ -308,7 +308,7 @@ class Trainer:
         grad_norm = float(self.scaler.grad_norm) if log_step and self.scaler.grad_norm is not None else None
         traffic_before = _onebit_bytes(self.optimizer)
         if not overflow:
-            mark_gradients_checked(self.optimizer)  # the 1-bit compression stage need not check again
+            mark_gradients_checked(self.optimizer, self.scaler.grad_norm)  # the step need not check again
             self.optimizer.step()
         skipped = overflow or bool(getattr(self.optimizer, "last_step_skipped", False))
         diagnostics = self.diagnostics.end_step(skipped) if self.diagnostics is not None else {}

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from hydra.core.config_store import ConfigStore
+from torch import Tensor
 from torch.optim import Optimizer
 
 from pretrain.optim.config import AdamWConfig, LambConfig, OnebitAdamConfig, OnebitLambConfig, OptimizerConfig
@@ -78,13 +79,14 @@ def needs_gradient_allreduce(optimizer: Optimizer) -> bool:
     return bool(getattr(optimizer, "needs_gradient_allreduce", True))
 
 
-def mark_gradients_checked(optimizer: Optimizer) -> None:
-    """Tell `optimizer` that no rank's gradients hold Inf/NaN this step (the caller MAX-allreduced that);
-    the 1-bit optimizers then skip repeating the check in a compression-stage step
-    (`OnebitOptimizer.mark_gradients_checked`); other optimizers ignore it."""
+def mark_gradients_checked(optimizer: Optimizer, grad_norm: Tensor | None = None) -> None:
+    """Tell `optimizer` that no rank's gradients hold Inf/NaN this step (the caller MAX-allreduced that)
+    and, if given, their global norm (`base.global_grad_norm` of the same unscaled `.grad`s): our
+    optimizers then skip repeating the check and the norm's pass over the gradients in the next step
+    (`OptimizerBase.mark_gradients_checked`); other optimizers ignore it."""
     mark = getattr(optimizer, "mark_gradients_checked", None)
     if mark is not None:
-        mark()
+        mark(grad_norm)
 
 
 def build_optimizer(

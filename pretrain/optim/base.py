@@ -5,6 +5,9 @@ Contracts every optimizer here keeps:
   step updates the master and copies it back into the parameter. Gradients are read in fp32.
 - `step()` first looks at the gradients; if any is Inf/NaN it changes nothing, counts the step in
   `num_skipped_steps` and sets `last_step_skipped` (the 1-bit optimizers agree on this across ranks).
+- `mark_gradients_checked(norm)` before `step()`: the caller has MAX-allreduced that no rank's gradients hold
+  Inf/NaN and (optionally) passes the global norm it computed of these same `.grad`s; the step then neither
+  checks again nor reads the gradients for their norm (one step only; `take_caller_check`).
 - `needs_gradient_allreduce` says whether the trainer must average the gradients over the data-parallel
   group before the next `step()` (always True here; the 1-bit optimizers turn it off).
 - `state_dict()`/`load_state_dict()` keep tensor dtypes (torch's default loader would cast fp32 state to a
@@ -156,11 +159,25 @@ class OptimizerBase(torch.optim.Optimizer):
         self.num_skipped_steps = 0
         self.last_step_skipped = False
         self.workspace = Workspace()
+        self._caller_check: tuple[Tensor | None] | None = None  # mark_gradients_checked() before this step
 
     @property
     def needs_gradient_allreduce(self) -> bool:
         """Whether the trainer must allreduce (mean) the gradients before the next `step()`."""
         return True
+
+    def mark_gradients_checked(self, grad_norm: Tensor | None = None) -> None:
+        """The caller has MAX-allreduced whether any rank's `.grad` holds Inf/NaN and found none (the
+        trainer's loss scaler, every step); `grad_norm`, if given, is the global norm it computed of these
+        same (unscaled) gradients, `global_grad_norm` of them. The next `step()` uses both instead of
+        reading the gradients again for their norm (a full pass over them, a host sync, for the 1-bit
+        optimizers an allreduce). One step only."""
+        self._caller_check = (grad_norm,)
+
+    def take_caller_check(self) -> tuple[bool, Tensor | None]:
+        """(whether the caller checked this step's gradients, the norm it passed or None); clears both."""
+        check, self._caller_check = self._caller_check, None
+        return (False, None) if check is None else (True, check[0])
 
     def statistics(self) -> dict[str, float]:
         """A few numbers for the metrics log (host syncs: call at log steps only)."""

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from pretrain.optim import functional as F
+from pretrain.optim import lamb_loops
 from pretrain.optim.base import OptimizerBase, evaluate_closure, global_grad_norm, is_finite
 from pretrain.optim.compiled import CompiledWarmupStep, pick, split_by_size
 
@@ -54,7 +55,9 @@ class Lamb(OptimizerBase):
             results agree to float rounding, not bitwise.
 
     The step counter is per group (`group["step"]`, apex semantics); a parameter without a gradient is
-    left untouched. A step whose gradients hold Inf/NaN is skipped (`last_step_skipped`).
+    left untouched. A step whose gradients hold Inf/NaN is skipped (`last_step_skipped`). After
+    `mark_gradients_checked(norm)` (the trainer's check, `OptimizerBase`) the step takes that norm for the
+    pre-normalization instead of a pass of its own over the gradients.
     """
 
     def __init__(
@@ -94,10 +97,12 @@ class Lamb(OptimizerBase):
         loss = evaluate_closure(closure)
         groups = [[p for p in group["params"] if p.grad is not None] for group in self.param_groups]
         grads = [[self._fp32_grad(p) for p in params] for params in groups]
-        total_norm = global_grad_norm([g for gs in grads for g in gs])
-        if self._record_skip(not is_finite(total_norm)):
+        checked, total_norm = self.take_caller_check()
+        if total_norm is None and (not checked or self.max_grad_norm > 0):
+            total_norm = global_grad_norm([g for gs in grads for g in gs])
+        if self._record_skip(not checked and not is_finite(total_norm)):  # type: ignore[arg-type]
             return loss
-        grad_scale = self._grad_scale(total_norm)
+        grad_scale = 1.0 if total_norm is None else self._grad_scale(total_norm)
         self._trust_ratios = {}
         for index, (group, params, group_grads) in enumerate(zip(self.param_groups, groups, grads)):
             if params:
@@ -153,13 +158,17 @@ class Lamb(OptimizerBase):
         return self._eager_update(*tensors, beta1=beta1, beta2=beta2, **hyper)
 
     def _eager_update(self, *tensor_lists: list[Tensor], **hyper: Any) -> Tensor | None:
-        """The foreach functions chunk by chunk, temporaries in the reused workspace."""
+        """On CPU the numba loops (`lamb_loops`), else the foreach functions chunk by chunk, temporaries
+        in the reused workspace."""
         ratios: Tensor | None
-        if self.variant is LambVariant.nvlamb:
+        nvlamb = self.variant is LambVariant.nvlamb
+        clamp: dict[str, Any] = {} if nvlamb else dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
+        if lamb_loops.usable(*tensor_lists):
+            return lamb_loops.lamb_step_(*tensor_lists, nvlamb=nvlamb, **clamp, **hyper)
+        if nvlamb:
             ratios = self._chunked(F.nvlamb_update_, list(tensor_lists), (), **hyper)
         else:
-            extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
-            ratios = self._chunked(F.deepspeed_lamb_update_, list(tensor_lists), (), **extra, **hyper)
+            ratios = self._chunked(F.deepspeed_lamb_update_, list(tensor_lists), (), **clamp, **hyper)
         return ratios
 
     def _compiled_update(

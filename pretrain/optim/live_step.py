@@ -5,8 +5,9 @@ After the exchange every tensor takes p ← p − η·c·u, u = m/(√v+ε) + λ
 1M-element chunk (u into the workspace, + λp, both norms, the update), each a separate ATen loop. On the
 2-core bench machine that was 0.48 s of a 4-rank BERT-Base step per rank, half of LAMB's whole step (issue
 #15's e2e probe). Here two numba loops per tensor read p, m and the divisor from memory: the first sums p²
-and u² in float64 (vectorised: ``reassoc`` on that loop only, an order fixed by the compiled code), the
-second forms u again and writes p. Nothing is stored but p.
+and u² (vectorised: ``reassoc`` on that loop only, an order fixed by the compiled code; the terms in fp32
+over spans of `lamb_loops.SPAN` elements, the spans' sums in float64), the second forms u again and writes
+p. Nothing is stored but p.
 
 The bits differ from the torch path's in the last place (the norms' summation order; u as m/(√v+ε) rather
 than m·(1/(√v+ε))). Virtual workers and real ranks run this same code after the exchange, so they stay equal
@@ -38,6 +39,7 @@ import torch
 from torch import Tensor
 
 from pretrain.optim.base import flat_views
+from pretrain.optim.lamb_loops import SPAN
 
 
 @functools.cache
@@ -54,21 +56,52 @@ def _numba_loops() -> Any:
     jit = functools.partial(numba.njit, cache=True, boundscheck=False, nogil=True, error_model="numpy")
 
     @jit(fastmath={"reassoc"})
-    def square_norms(param, exp_avg, denominator, weight_decay, eps, rooted):
-        # (Σp², Σu²) in float64; u in fp32 as `apply_` forms it
+    def square_norms_rooted(param, exp_avg, denominator, weight_decay):
+        # (Σp², Σu²), u in fp32 as `apply_` forms it: the terms summed in fp32 over spans of SPAN elements
+        # (`lamb_loops.SPAN`: a full span's loop has constant length), the spans' sums added in float64
         param_sum, update_sum = 0.0, 0.0
-        if rooted:
-            for i in range(param.shape[0]):
-                p = param[i]
-                u = exp_avg[i] / denominator[i] + weight_decay * p
-                param_sum += np.float64(p) * np.float64(p)
-                update_sum += np.float64(u) * np.float64(u)
-        else:
-            for i in range(param.shape[0]):
-                p = param[i]
-                u = exp_avg[i] / (np.sqrt(denominator[i]) + eps) + weight_decay * p
-                param_sum += np.float64(p) * np.float64(p)
-                update_sum += np.float64(u) * np.float64(u)
+        numel = param.shape[0]
+        for span in range((numel + SPAN - 1) // SPAN):
+            start = span * SPAN
+            param_part, update_part = np.float32(0.0), np.float32(0.0)
+            if start + SPAN <= numel:
+                for j in range(SPAN):
+                    p = param[start + j]
+                    u = exp_avg[start + j] / denominator[start + j] + weight_decay * p
+                    param_part += p * p
+                    update_part += u * u
+            else:
+                for j in range(numel - start):
+                    p = param[start + j]
+                    u = exp_avg[start + j] / denominator[start + j] + weight_decay * p
+                    param_part += p * p
+                    update_part += u * u
+            param_sum += np.float64(param_part)
+            update_sum += np.float64(update_part)
+        return param_sum, update_sum
+
+    @jit(fastmath={"reassoc"})
+    def square_norms(param, exp_avg, denominator, weight_decay, eps):
+        # as square_norms_rooted with v in place of √v+ε
+        param_sum, update_sum = 0.0, 0.0
+        numel = param.shape[0]
+        for span in range((numel + SPAN - 1) // SPAN):
+            start = span * SPAN
+            param_part, update_part = np.float32(0.0), np.float32(0.0)
+            if start + SPAN <= numel:
+                for j in range(SPAN):
+                    p = param[start + j]
+                    u = exp_avg[start + j] / (np.sqrt(denominator[start + j]) + eps) + weight_decay * p
+                    param_part += p * p
+                    update_part += u * u
+            else:
+                for j in range(numel - start):
+                    p = param[start + j]
+                    u = exp_avg[start + j] / (np.sqrt(denominator[start + j]) + eps) + weight_decay * p
+                    param_part += p * p
+                    update_part += u * u
+            param_sum += np.float64(param_part)
+            update_sum += np.float64(update_part)
         return param_sum, update_sum
 
     @jit
@@ -85,13 +118,32 @@ def _numba_loops() -> Any:
 
     @jit(fastmath={"reassoc"})
     def square_norms_of_averages(param, average, denominator, weight_decay):
-        # as square_norms (rooted) with m = ū·d formed here
+        # as square_norms_rooted with m = ū·d formed here
         param_sum, update_sum = 0.0, 0.0
-        for i in range(param.shape[0]):
-            p = param[i]
-            u = average[i] * denominator[i] / denominator[i] + weight_decay * p
-            param_sum += np.float64(p) * np.float64(p)
-            update_sum += np.float64(u) * np.float64(u)
+        numel = param.shape[0]
+        for span in range((numel + SPAN - 1) // SPAN):
+            start = span * SPAN
+            param_part, update_part = np.float32(0.0), np.float32(0.0)
+            if start + SPAN <= numel:
+                for j in range(SPAN):
+                    p = param[start + j]
+                    u = (
+                        average[start + j] * denominator[start + j] / denominator[start + j]
+                        + weight_decay * p
+                    )
+                    param_part += p * p
+                    update_part += u * u
+            else:
+                for j in range(numel - start):
+                    p = param[start + j]
+                    u = (
+                        average[start + j] * denominator[start + j] / denominator[start + j]
+                        + weight_decay * p
+                    )
+                    param_part += p * p
+                    update_part += u * u
+            param_sum += np.float64(param_part)
+            update_sum += np.float64(update_part)
         return param_sum, update_sum
 
     @jit
@@ -103,7 +155,7 @@ def _numba_loops() -> Any:
             average[i] = m
             param[i] = p + step * (m / denominator[i] + weight_decay * p)
 
-    return square_norms, apply_, square_norms_of_averages, apply_averages_
+    return square_norms_rooted, square_norms, apply_, square_norms_of_averages, apply_averages_
 
 
 @functools.cache
@@ -194,7 +246,7 @@ def live_trust_ratio_step_(
     flats = [_flat_alike(tensors) for tensors in zip(params, exp_avgs, denominators)]
     if any(f is None for f in flats):
         return None
-    square_norms, apply_, square_norms_of_averages, apply_averages_ = loops
+    square_norms_rooted, square_norms, apply_, square_norms_of_averages, apply_averages_ = loops
     decay, epsilon = np.float32(weight_decay), np.float32(eps)  # fp32 scalars: the loops stay in fp32
     coeffs = []
     for param, exp_avg, denominator in flats:  # type: ignore[misc]
@@ -202,7 +254,10 @@ def live_trust_ratio_step_(
         if averages:
             param_sum, update_sum = square_norms_of_averages(*arrays, decay)
         else:
-            param_sum, update_sum = square_norms(*arrays, decay, epsilon, rooted)
+            if rooted:
+                param_sum, update_sum = square_norms_rooted(*arrays, decay)
+            else:
+                param_sum, update_sum = square_norms(*arrays, decay, epsilon)
         # the norms rounded to fp32, the ratio in fp32 and clamped, as the torch path
         param_norm, update_norm = np.float32(math.sqrt(param_sum)), np.float32(math.sqrt(update_sum))
         coeff = 1.0

@@ -365,7 +365,6 @@ class OnebitOptimizer(OptimizerBase):
         self.frozen_at: int | None = None  # step count at the last switch to compression
         self._segments: list[MomentumSegment] | None = None
         self._grad_norm: Tensor | None = None  # this step's norm of `.grad` (None: worker gradients)
-        self._checked_by_caller = False  # mark_gradients_checked() before this step
 
     # -- stage -----------------------------------------------------------------------------------------
     @property
@@ -393,14 +392,23 @@ class OnebitOptimizer(OptimizerBase):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step. Warmup: gradients must be averaged over ranks; compression: this rank's own. Either
-        way they must be the MEAN over this rank's micro-batches (divide the loss by their number, §5.2)."""
+        way they must be the MEAN over this rank's micro-batches (divide the loss by their number, §5.2).
+        After `mark_gradients_checked(norm)` (`OptimizerBase`) a compression-stage step reading `.grad`
+        skips its own check (a full read of the gradients and an allreduce), and so does a warmup step
+        given the norm (it feeds nvlamb's pre-normalization); virtual workers' compression steps check
+        their own gradients anyway."""
         loss = evaluate_closure(closure)
         segments = self._ensure_state()
         grads = [self._fp32_grad(p) for segment in segments for p in segment.params]
-        checked_by_caller, self._checked_by_caller = self._checked_by_caller, False
-        if checked_by_caller and self.stage is Stage.compression and not self.uses_worker_gradients:
-            # the caller's MAX-allreduced check covered these gradients, and no norm is needed
-            self._grad_norm = None
+        checked_by_caller, caller_norm = self.take_caller_check()
+        if (
+            checked_by_caller
+            and not self.uses_worker_gradients
+            and (self.stage is Stage.compression or caller_norm is not None)
+        ):
+            # the caller's MAX-allreduced check covered these gradients (its norm is theirs); the
+            # compression stage needs no norm
+            self._grad_norm = caller_norm
             self._record_skip(False)
         else:
             checked = grads
@@ -437,14 +445,6 @@ class OnebitOptimizer(OptimizerBase):
     def worker_gradient_views(self, worker: int) -> list[Tensor]:
         """Views of row `worker` of `worker_gradients()` shaped like the parameters, in parameter order."""
         return [view for segment in self._ensure_state() for view in segment.views_of(segment.local[worker])]  # type: ignore[index]
-
-    def mark_gradients_checked(self) -> None:
-        """The caller has MAX-allreduced whether any rank's `.grad` holds Inf/NaN and found none (the
-        trainer's loss scaler, every step): the next `step()`, if it is a compression-stage step reading
-        `.grad`, skips repeating that check (a full read of the gradients for their norm, which that stage
-        does not otherwise use, and an allreduce). One step only; a warmup step checks anyway (its norm
-        feeds nvlamb's pre-normalization), as do virtual workers' steps (they read their own gradients)."""
-        self._checked_by_caller = True
 
     def _any_rank_nonfinite(self, norm: Tensor) -> bool:
         """Whether this rank's gradient norm `norm`, or any other rank's, is not finite."""

@@ -112,7 +112,7 @@ from torch import Tensor
 
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.exact import worker_order_mean
-from pretrain.optim import compiled
+from pretrain.optim import compiled, lamb_loops
 from pretrain.optim import functional as F
 from pretrain.optim.base import global_grad_norm
 from pretrain.optim.live_step import live_trust_ratio_step_
@@ -338,7 +338,12 @@ class OnebitLamb(OnebitOptimizer):
         return hyper
 
     def _eager_warmup_group(self, hyper: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor | None:
-        if self.warmup is Warmup.nvlamb:
+        """LAMB's eager step (`Lamb._eager_update`): the numba loops on CPU, else the foreach functions."""
+        nvlamb = self.warmup is Warmup.nvlamb
+        if lamb_loops.usable(*tensors):
+            clamp: dict[str, Any] = {} if nvlamb else dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
+            return lamb_loops.lamb_step_(*tensors, nvlamb=nvlamb, **clamp, **hyper)
+        if nvlamb:
             return self._chunked(F.nvlamb_update_, tensors, (), **hyper)
         extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
         coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **hyper)

@@ -186,6 +186,38 @@ def test_overflow_skips_the_step_and_counts_it(bad):
     assert not opt.last_step_skipped and opt.param_groups[0]["step"] == 2
 
 
+@pytest.mark.parametrize("variant", ["nvlamb", "deepspeed"])
+def test_a_step_the_caller_checked_takes_its_norm_and_reads_no_gradient_norm(variant, monkeypatch):
+    """mark_gradients_checked(norm): the step uses the caller's norm for the pre-normalization (nvlamb;
+    the deepspeed variant needs none) instead of its own pass, and takes the same step to the bit when
+    that norm is the one it would compute; a scaled norm changes the step as the pre-normalization says;
+    the mark lasts one step."""
+    from pretrain.optim import lamb as lamb_module
+    from pretrain.optim import mark_gradients_checked
+
+    calls = []
+    norm = lamb_module.global_grad_norm
+    monkeypatch.setattr(lamb_module, "global_grad_norm", lambda grads: calls.append(1) or norm(grads))
+    plain, marked, doubled = _model(), _model(), _model()
+    optimizers = [Lamb(_groups(model), variant=variant) for model in (plain, marked, doubled)]
+    for step in range(4):
+        for model, optimizer in zip((plain, marked, doubled), optimizers):
+            _set_grads(model, step)
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+            mark = model is not plain and step != 2
+            if mark:
+                given = norm(grads) * (2.0 if model is doubled else 1.0)
+                mark_gradients_checked(optimizer, given)
+            before = len(calls)
+            optimizer.step()
+            assert (len(calls) > before) == (not mark), (step, mark)  # unmarked: the finiteness check
+            assert not optimizer.last_step_skipped
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), marked.parameters()))
+    differs = any(not torch.equal(a, b) for a, b in zip(plain.parameters(), doubled.parameters()))
+    # the test gradients' norm exceeds max_grad_norm=1, so nvlamb's scale follows the norm given
+    assert differs == (variant == "nvlamb")
+
+
 @pytest.mark.slow  # compiling takes ~15 s on 2 CPU cores with a cold inductor cache
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("variant", ["nvlamb", "deepspeed"])

@@ -256,29 +256,35 @@ def test_overflow_skips_and_leaves_all_state_unchanged(steps_before):
     assert not opt.last_step_skipped and opt.step_count == steps_before + 1
 
 
-def test_a_step_the_caller_checked_skips_the_norm_in_compression_only(monkeypatch):
+def test_a_step_the_caller_checked_skips_its_own_check(monkeypatch):
     """mark_gradients_checked(): a compression-stage step skips its own norm and finiteness flag (the
-    caller's check covered them) and takes the same step to the bit; a warmup step checks anyway, and the
-    mark lasts one step."""
+    caller's check covered them) and takes the same step to the bit; a warmup step checks anyway unless
+    the caller passed the norm too (it feeds nvlamb's pre-normalization), and the mark lasts one step."""
     calls = []
     norm = onebit_module.global_grad_norm
     monkeypatch.setattr(onebit_module, "global_grad_norm", lambda grads: calls.append(1) or norm(grads))
     plain, marked = _model(), _model()
-    optimizers = [OnebitLamb(_groups(model), freeze_step=2) for model in (plain, marked)]
-    for step in range(6):
+    optimizers = [OnebitLamb(_groups(model), freeze_step=3) for model in (plain, marked)]
+    for step in range(7):
         for model, optimizer in zip((plain, marked), optimizers):
             _set_grads(model, step)
-            mark = model is marked and step != 4
+            mark = model is marked and step != 5
+            with_norm = mark and step in (1, 2, 4)  # warmup: steps 0-2
             if mark:
-                mark_gradients_checked(optimizer)
+                given = norm([p.grad for p in _params_with_grad(optimizer)]) if with_norm else None
+                mark_gradients_checked(optimizer, given)
             before = len(calls)
             optimizer.step()
-            assert (len(calls) > before) == (not mark or step < 2), (step, mark)
+            assert (len(calls) > before) == (not mark or (step < 3 and not with_norm)), (step, mark)
             assert not optimizer.last_step_skipped
     assert optimizers[1].stage is Stage.compression
     assert _same(_params(plain), _params(marked))
     first, second = map(_state_snapshot, optimizers)
     assert all(_same(list(first[i].values()), list(second[i].values())) for i in first)
+
+
+def _params_with_grad(optimizer):
+    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
 # -- masks ------
