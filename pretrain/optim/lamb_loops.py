@@ -17,11 +17,10 @@ a, e and b are `functional.lamb_kernel_scalars`' (nvlamb: bias correction in the
 the step), so the math is the compiled kernels'; results agree with the foreach path to float rounding,
 not bitwise (sums in another order, m/(√v+e) divided rather than multiplied by a reciprocal).
 
-Every tensor is cut into blocks of `BLOCK` elements, and the blocks of all tensors are shared out in
-contiguous runs among `torch.get_num_threads()` threads (the loops release the GIL). Each block's sums
-are kept apart and added per tensor in block order, so the bits do not depend on the number of threads:
-a run resumed with another thread count repeats the uninterrupted one. 1-bit LAMB's warmup takes this
-same step (`OnebitLamb._eager_warmup_group`), so it stays LAMB's bit for bit.
+Both loops run over the blocks of `pretrain.optim.blocks` on torch's threads (the loops release the GIL);
+each block's sums are kept apart and added per tensor in block order, so the bits do not depend on the
+number of threads: a run resumed with another thread count repeats the uninterrupted one. 1-bit LAMB's
+warmup takes this same step (`OnebitLamb._eager_warmup_group`), so it stays LAMB's bit for bit.
 
 Used for CPU fp32 tensors of one memory order per tensor (`base.flat_views`) where numba imports (the
 compressed allreduce's kernels, :mod:`pretrain.comm.kernels`); elsewhere the callers take the foreach path.
@@ -30,8 +29,6 @@ compressed allreduce's kernels, :mod:`pretrain.comm.kernels`); elsewhere the cal
 from __future__ import annotations
 
 import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -40,11 +37,11 @@ from torch import Tensor
 
 from pretrain.optim import functional as F
 from pretrain.optim.base import flat_views
+from pretrain.optim.blocks import Blocks
 
-BLOCK = 1 << 20  # elements per block: the unit of the threads' shares and of the norms' partial sums
-# Elements per fp32 partial sum of the norms (a divisor of BLOCK), the partial sums added in float64: as
-# accurate as float64 terms for the trust ratio, and the first loop took 0.91x fused AdamW's time on one
-# thread against 1.32x with every term converted to float64 (the conversion, not memory, was the bound).
+# Elements per fp32 partial sum of the norms (a divisor of `blocks.BLOCK`), the partial sums added in
+# float64: as accurate as float64 terms for the trust ratio, and the first loop took 0.91x fused AdamW's
+# time on one thread against 1.32x with every term converted to float64 (the conversion was the bound).
 SPAN = 1024
 
 
@@ -125,35 +122,6 @@ def usable(*tensor_lists: list[Tensor]) -> bool:
     return True
 
 
-@functools.cache
-def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
-    """Worker threads for this process (a forked child makes its own: `pid`)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="lamb-loops")
-
-
-def _run(work: Any, shares: list[range]) -> None:
-    """work(share) for every share: on the pool's threads, or in this one for a single share."""
-    if len(shares) == 1:
-        work(shares[0])
-        return
-    for future in [_pool(len(shares), os.getpid()).submit(work, share) for share in shares]:
-        future.result()
-
-
-def _shares(sizes: list[int], threads: int) -> list[range]:
-    """The block indices cut into at most `threads` contiguous runs of about equal element counts."""
-    shares: list[range] = []
-    total, start, done = sum(sizes), 0, 0
-    for index, size in enumerate(sizes):
-        done += size
-        if len(shares) < threads - 1 and done * threads >= total * (len(shares) + 1):
-            shares.append(range(start, index + 1))
-            start = index + 1
-    if start < len(sizes):
-        shares.append(range(start, len(sizes)))
-    return shares
-
-
 def lamb_step_(
     params: list[Tensor],
     grads: list[Tensor],
@@ -188,22 +156,13 @@ def lamb_step_(
         [t.numpy() for t in flat_views(*(t.detach() for t in tensors))]
         for tensors in zip(params, grads, exp_avgs, exp_avg_sqs)
     ]
-    blocks = [(k, start) for k, (p, *_) in enumerate(arrays) for start in range(0, p.shape[0], BLOCK)]
-    sums = np.zeros((len(blocks), 2))
+    blocks = Blocks([p.shape[0] for p, *_ in arrays])
 
-    def moments_and_norms(share: range) -> None:
-        for j in share:
-            k, start = blocks[j]
-            p, g, m, v = (x[start : start + BLOCK] for x in arrays[k])
-            sums[j] = direction(p, g, m, v, scale, *moments, a, e, decay)
+    def moments_and_norms(k: int, start: int, stop: int) -> tuple[float, float]:
+        p, g, m, v = (x[start:stop] for x in arrays[k])
+        return direction(p, g, m, v, scale, *moments, a, e, decay)
 
-    shares = _shares(
-        [min(BLOCK, arrays[k][0].shape[0] - start) for k, start in blocks], torch.get_num_threads()
-    )
-    _run(moments_and_norms, shares)
-    owner = np.array([k for k, _ in blocks])
-    totals = np.zeros((len(arrays), 2))
-    np.add.at(totals, owner, sums)  # per tensor, in block order
+    totals = blocks.sums(moments_and_norms)
     # the norms rounded to fp32 and the ratio in fp32, as `functional.trust_ratios`
     ratios = F.trust_ratios(*torch.from_numpy(np.sqrt(totals).astype(np.float32)).unbind(1))
     if not nvlamb:
@@ -213,11 +172,9 @@ def lamb_step_(
         ratios = torch.ones(len(arrays))
     steps = (-(lr32 * step_scale) * ratios.numpy().astype(np.float32)).astype(np.float32)
 
-    def parameters(share: range) -> None:
-        for j in share:
-            k, start = blocks[j]
-            p, _, m, v = (x[start : start + BLOCK] for x in arrays[k])
-            apply(p, m, v, a, e, decay, steps[k])
+    def parameters(k: int, start: int, stop: int) -> None:
+        p, _, m, v = (x[start:stop] for x in arrays[k])
+        apply(p, m, v, a, e, decay, steps[k])
 
-    _run(parameters, shares)
+    blocks.run(parameters)
     return None if nvlamb and weight_decay == 0.0 else ratios

@@ -10,7 +10,9 @@ over spans of `lamb_loops.SPAN` elements, the spans' sums in float64), the secon
 p. Nothing is stored but p.
 
 The bits differ from the torch path's in the last place (the norms' summation order; u as m/(√v+ε) rather
-than m·(1/(√v+ε))). Virtual workers and real ranks run this same code after the exchange, so they stay equal
+than m·(1/(√v+ε))). Every loop here runs over the blocks of `pretrain.optim.blocks` on torch's threads
+(one per rank in the multi-rank runs; the norms' block sums added in block order, so the bits do not depend
+on the thread count). Virtual workers and real ranks run this same code after the exchange, so they stay equal
 bit for bit, and a resumed run repeats an uninterrupted one. Used on CPU for fp32 tensors laid out alike
 (row-major, or all three column-major) when numba imports (the compressed allreduce's kernels,
 :mod:`pretrain.comm.kernels`); otherwise, and on accelerators, the torch path (the compiled path,
@@ -31,7 +33,6 @@ Around the exchange (preconditioned, issue #15), two more passes fold into these
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor
 
 from pretrain.optim.base import flat_views
+from pretrain.optim.blocks import Blocks
 from pretrain.optim.lamb_loops import SPAN
 
 
@@ -204,8 +206,13 @@ def preconditioned_momentum_(
     if any(f is None for f in flats):
         return False
     decay, weight = np.float32(beta1), np.float32(1.0 - beta1)  # as torch rounds β1 and alpha to fp32
-    for out, exp_avg, grad, denominator in flats:  # type: ignore[misc]
-        loop(out.numpy(), exp_avg.numpy(), grad.numpy(), denominator.numpy(), decay, weight)
+    arrays = [[t.numpy() for t in flat] for flat in flats]  # type: ignore[union-attr]
+
+    def momentum(k: int, start: int, stop: int) -> None:
+        out, exp_avg, grad, denominator = (x[start:stop] for x in arrays[k])
+        loop(out, exp_avg, grad, denominator, decay, weight)
+
+    Blocks([out.shape[0] for out, *_ in arrays]).run(momentum)
     return True
 
 
@@ -248,25 +255,30 @@ def live_trust_ratio_step_(
         return None
     square_norms_rooted, square_norms, apply_, square_norms_of_averages, apply_averages_ = loops
     decay, epsilon = np.float32(weight_decay), np.float32(eps)  # fp32 scalars: the loops stay in fp32
-    coeffs = []
-    for param, exp_avg, denominator in flats:  # type: ignore[misc]
-        arrays = (param.numpy(), exp_avg.numpy(), denominator.numpy())
+    arrays = [[t.numpy() for t in flat] for flat in flats]  # type: ignore[union-attr]
+    blocks = Blocks([param.shape[0] for param, _, _ in arrays])
+
+    def norms(k: int, start: int, stop: int) -> tuple[float, float]:
+        param, exp_avg, denominator = (x[start:stop] for x in arrays[k])
         if averages:
-            param_sum, update_sum = square_norms_of_averages(*arrays, decay)
-        else:
-            if rooted:
-                param_sum, update_sum = square_norms_rooted(*arrays, decay)
-            else:
-                param_sum, update_sum = square_norms(*arrays, decay, epsilon)
-        # the norms rounded to fp32, the ratio in fp32 and clamped, as the torch path
-        param_norm, update_norm = np.float32(math.sqrt(param_sum)), np.float32(math.sqrt(update_sum))
-        coeff = 1.0
-        if param_norm > 0 and update_norm > 0:
-            coeff = min(max(float(param_norm / update_norm), min_coeff), max_coeff)
-        coeffs.append(coeff)
-        step = np.float32(-lr * np.float32(coeff))
+            return square_norms_of_averages(param, exp_avg, denominator, decay)
+        if rooted:
+            return square_norms_rooted(param, exp_avg, denominator, decay)
+        return square_norms(param, exp_avg, denominator, decay, epsilon)
+
+    # the norms rounded to fp32, the ratio in fp32 and clamped (in double), as the torch path
+    param_norms, update_norms = np.sqrt(blocks.sums(norms)).astype(np.float32).T
+    usable = (param_norms > 0) & (update_norms > 0)
+    ratios = param_norms / np.where(usable, update_norms, np.float32(1.0))
+    coeffs = np.where(usable, np.clip(ratios.astype(np.float64), min_coeff, max_coeff), 1.0)
+    steps = (-lr * coeffs.astype(np.float32).astype(np.float64)).astype(np.float32)
+
+    def step(k: int, start: int, stop: int) -> None:
+        param, exp_avg, denominator = (x[start:stop] for x in arrays[k])
         if averages:
-            apply_averages_(*arrays, decay, step)
+            apply_averages_(param, exp_avg, denominator, decay, steps[k])
         else:
-            apply_(*arrays, decay, epsilon, rooted, step)
-    return torch.tensor(coeffs, dtype=torch.float32)
+            apply_(param, exp_avg, denominator, decay, epsilon, rooted, steps[k])
+
+    blocks.run(step)
+    return torch.from_numpy(coeffs.astype(np.float32))

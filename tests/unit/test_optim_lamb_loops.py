@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pretrain.optim import Lamb, OnebitLamb, lamb_loops
+from pretrain.optim import Lamb, OnebitLamb, blocks, lamb_loops
 
 pytestmark = pytest.mark.skipif(lamb_loops._loops() is None, reason="numba is not installed")
 
@@ -75,7 +75,7 @@ def test_loops_take_the_foreach_step(variant, bias_correction, monkeypatch):
 def test_bits_do_not_depend_on_the_number_of_threads(threads, monkeypatch):
     """Blocks of 100 elements (every weight spans several): the same bits with 2 threads and with 1 or 3,
     for LAMB and for 1-bit LAMB's warmup, which takes the same step."""
-    monkeypatch.setattr(lamb_loops, "BLOCK", 100)
+    monkeypatch.setattr(blocks, "BLOCK", 100)
     before = torch.get_num_threads()
     results = {}
     try:
@@ -95,10 +95,10 @@ def test_bits_do_not_depend_on_the_number_of_threads(threads, monkeypatch):
 def test_shares_cover_every_block_once_in_order():
     sizes = [100, 100, 5, 100, 100, 100, 3]
     for threads in (1, 2, 3, 4, 16):
-        shares = lamb_loops._shares(sizes, threads)
+        shares = blocks.shares(sizes, threads)
         assert 1 <= len(shares) <= threads
         assert [j for share in shares for j in share] == list(range(len(sizes)))
-    assert [len(s) for s in lamb_loops._shares([10] * 6, 2)] == [3, 3]
+    assert [len(s) for s in blocks.shares([10] * 6, 2)] == [3, 3]
 
 
 def test_mixed_memory_orders_and_other_dtypes_take_the_foreach_path():
@@ -110,3 +110,37 @@ def test_mixed_memory_orders_and_other_dtypes_take_the_foreach_path():
     )
     assert not lamb_loops.usable([p], [column_major], [p.clone()], [p.clone()])
     assert not lamb_loops.usable([p.double()], [p.double()], [p.double()], [p.double()])
+
+
+def test_live_step_and_momentum_loops_do_not_depend_on_the_number_of_threads(monkeypatch):
+    """1-bit LAMB's loops (`live_step`) share the blocks: the same bits at 1, 2 and 3 threads, each
+    block's norms added per tensor in order (blocks of 100 elements: every tensor spans several)."""
+    from pretrain.optim import live_step
+
+    monkeypatch.setattr(blocks, "BLOCK", 100)
+    generator = torch.Generator().manual_seed(3)
+    shapes = [(40, 96), (96,), (7, 96), (0,)]
+
+    def tensors(scale: float = 1.0, positive: bool = False) -> list[torch.Tensor]:
+        made = [scale * torch.randn(shape, generator=generator) for shape in shapes]
+        return [t.abs() + 1e-3 if positive else t for t in made]
+
+    params, exp_avgs, grads, divisors = tensors(), tensors(0.1), tensors(0.1), tensors(0.1, positive=True)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            p, m = [t.clone() for t in params], [t.clone() for t in exp_avgs]
+            assert live_step.preconditioned_momentum_(m, m, grads, divisors, beta1=0.9)
+            coeffs = live_step.live_trust_ratio_step_(
+                p, m, divisors, lr=0.01, eps=1e-6, weight_decay=0.01, min_coeff=0.01, max_coeff=10.0,
+                rooted=True, averages=True,
+            )  # fmt: skip
+            results.append((p, m, coeffs))
+    finally:
+        torch.set_num_threads(before)
+    assert results[0][2][3] == 1.0  # the empty tensor: no norms, ratio 1
+    for p, m, coeffs in results[1:]:
+        assert torch.equal(coeffs, results[0][2])
+        assert all(torch.equal(a, b) for a, b in zip(p + m, results[0][0] + results[0][1]))
