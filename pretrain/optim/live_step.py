@@ -41,7 +41,7 @@ from torch import Tensor
 
 from pretrain.optim.base import flat_views
 from pretrain.optim.blocks import Blocks
-from pretrain.optim.lamb_loops import SPAN
+from pretrain.optim.lamb_loops import SPAN, span_sums
 
 
 @functools.cache
@@ -59,25 +59,17 @@ def _numba_loops() -> Any:
 
     @jit(fastmath={"reassoc"})
     def square_norms_rooted(param, exp_avg, denominator, weight_decay):
-        # (Σp², Σu²), u in fp32 as `apply_` forms it: the terms summed in fp32 over spans of SPAN elements
-        # (`lamb_loops.SPAN`: a full span's loop has constant length), the spans' sums added in float64
+        # (Σp², Σu²) over whole spans (`lamb_loops.span_sums`: fp32 per span, float64 across), u in fp32
+        # as `apply_` forms it
         param_sum, update_sum = 0.0, 0.0
-        numel = param.shape[0]
-        for span in range((numel + SPAN - 1) // SPAN):
-            start = span * SPAN
+        for span in range(param.shape[0] // SPAN):
             param_part, update_part = np.float32(0.0), np.float32(0.0)
-            if start + SPAN <= numel:
-                for j in range(SPAN):
-                    p = param[start + j]
-                    u = exp_avg[start + j] / denominator[start + j] + weight_decay * p
-                    param_part += p * p
-                    update_part += u * u
-            else:
-                for j in range(numel - start):
-                    p = param[start + j]
-                    u = exp_avg[start + j] / denominator[start + j] + weight_decay * p
-                    param_part += p * p
-                    update_part += u * u
+            for j in range(SPAN):
+                i = span * SPAN + j
+                p = param[i]
+                u = exp_avg[i] / denominator[i] + weight_decay * p
+                param_part += p * p
+                update_part += u * u
             param_sum += np.float64(param_part)
             update_sum += np.float64(update_part)
         return param_sum, update_sum
@@ -86,22 +78,14 @@ def _numba_loops() -> Any:
     def square_norms(param, exp_avg, denominator, weight_decay, eps):
         # as square_norms_rooted with v in place of √v+ε
         param_sum, update_sum = 0.0, 0.0
-        numel = param.shape[0]
-        for span in range((numel + SPAN - 1) // SPAN):
-            start = span * SPAN
+        for span in range(param.shape[0] // SPAN):
             param_part, update_part = np.float32(0.0), np.float32(0.0)
-            if start + SPAN <= numel:
-                for j in range(SPAN):
-                    p = param[start + j]
-                    u = exp_avg[start + j] / (np.sqrt(denominator[start + j]) + eps) + weight_decay * p
-                    param_part += p * p
-                    update_part += u * u
-            else:
-                for j in range(numel - start):
-                    p = param[start + j]
-                    u = exp_avg[start + j] / (np.sqrt(denominator[start + j]) + eps) + weight_decay * p
-                    param_part += p * p
-                    update_part += u * u
+            for j in range(SPAN):
+                i = span * SPAN + j
+                p = param[i]
+                u = exp_avg[i] / (np.sqrt(denominator[i]) + eps) + weight_decay * p
+                param_part += p * p
+                update_part += u * u
             param_sum += np.float64(param_part)
             update_sum += np.float64(update_part)
         return param_sum, update_sum
@@ -122,28 +106,14 @@ def _numba_loops() -> Any:
     def square_norms_of_averages(param, average, denominator, weight_decay):
         # as square_norms_rooted with m = ū·d formed here
         param_sum, update_sum = 0.0, 0.0
-        numel = param.shape[0]
-        for span in range((numel + SPAN - 1) // SPAN):
-            start = span * SPAN
+        for span in range(param.shape[0] // SPAN):
             param_part, update_part = np.float32(0.0), np.float32(0.0)
-            if start + SPAN <= numel:
-                for j in range(SPAN):
-                    p = param[start + j]
-                    u = (
-                        average[start + j] * denominator[start + j] / denominator[start + j]
-                        + weight_decay * p
-                    )
-                    param_part += p * p
-                    update_part += u * u
-            else:
-                for j in range(numel - start):
-                    p = param[start + j]
-                    u = (
-                        average[start + j] * denominator[start + j] / denominator[start + j]
-                        + weight_decay * p
-                    )
-                    param_part += p * p
-                    update_part += u * u
+            for j in range(SPAN):
+                i = span * SPAN + j
+                p = param[i]
+                u = average[i] * denominator[i] / denominator[i] + weight_decay * p
+                param_part += p * p
+                update_part += u * u
             param_sum += np.float64(param_part)
             update_sum += np.float64(update_part)
         return param_sum, update_sum
@@ -258,13 +228,17 @@ def live_trust_ratio_step_(
     arrays = [[t.numpy() for t in flat] for flat in flats]  # type: ignore[union-attr]
     blocks = Blocks([param.shape[0] for param, _, _ in arrays])
 
+    scalars: tuple[Any, ...]
+    if averages:
+        kernel, scalars = square_norms_of_averages, (decay,)
+    elif rooted:
+        kernel, scalars = square_norms_rooted, (decay,)
+    else:
+        kernel, scalars = square_norms, (decay, epsilon)
+
     def norms(k: int, start: int, stop: int) -> tuple[float, float]:
-        param, exp_avg, denominator = (x[start:stop] for x in arrays[k])
-        if averages:
-            return square_norms_of_averages(param, exp_avg, denominator, decay)
-        if rooted:
-            return square_norms_rooted(param, exp_avg, denominator, decay)
-        return square_norms(param, exp_avg, denominator, decay, epsilon)
+        # padding: p = m = 0 and a divisor of 1 give u = 0
+        return span_sums(kernel, [x[start:stop] for x in arrays[k]], (0.0, 0.0, 1.0), scalars)
 
     # the norms rounded to fp32, the ratio in fp32 and clamped (in double), as the torch path
     param_norms, update_norms = np.sqrt(blocks.sums(norms)).astype(np.float32).T
