@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from pretrain import faults
 from pretrain.comm.counter import TrafficCounter, compressed_call_traffic
-from pretrain.comm.kernels import get_kernels
+from pretrain.comm.kernels import MomentumSource, get_kernels
 from pretrain.comm.layout import Run, ScaleLayout, run_table
 from pretrain.comm.norms import segment_abs_sums
 from pretrain.comm.packing import BITS_PER_BYTE, SignPacker, get_packer
@@ -431,7 +431,9 @@ class CompressedAllreduce:
     # ------------------------------------------------------------------------------------ call
 
     @torch.no_grad()
-    def __call__(self, buffer: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, buffer: torch.Tensor, out: torch.Tensor | None = None, *, source: MomentumSource | None = None
+    ) -> torch.Tensor:
         """Replace ``buffer`` (1-D contiguous fp32, length ``numel``) by its compressed average.
 
         In place; returns ``buffer``. Afterwards it holds, on every rank bitwise alike,
@@ -440,16 +442,24 @@ class CompressedAllreduce:
 
         With k > 1 virtual workers: ``buffer`` is [k, numel] (row w: worker w's values; used as
         scratch) and the average is written into ``out`` (1-D, ``numel``), which is returned.
+
+        ``source`` (one worker per process): this rank's values are not in ``buffer`` yet but formed from
+        it (:class:`~pretrain.comm.kernels.MomentumSource`: the momenta, which may be views of ``buffer``;
+        its pad elements are read from ``buffer``), inside the first pass where the kernels can.
         """
         local, out = self._check_call(buffer, out)
         self.traffic.record(self._call_traffic)
+        if source is not None and self.virtual_workers > 1:
+            raise ValueError("a value source needs one worker per process")
         if self.world_size == 1:
+            if source is not None:
+                source.fill(out)
             return out
         if self._pipeline is not None:
-            self._pipeline(local[0], out)
+            self._pipeline(local[0], out, source)
             return out
         for worker in range(self.virtual_workers):
-            self._compress_worker(worker, local[worker])
+            self._compress_worker(worker, local[worker], source)
         self._exchange_worker_chunks()
         faults.inside("exchange")  # test-only (pretrain/faults.py): between the all-to-all and the all-gather
         scratch = local.view(-1)
@@ -459,10 +469,11 @@ class CompressedAllreduce:
         self._decode_output(out)
         return out
 
-    def _compress_worker(self, worker: int, values: torch.Tensor) -> None:
+    def _compress_worker(self, worker: int, values: torch.Tensor, source: MomentumSource | None) -> None:
         """Spec §2 steps 1-2: y = x + e_w (held in the error buffer), scales, signs, e_w ← y − Q(y)."""
         error, plan = self._worker_errors[worker], self._worker_plan
-        scales = self._round(self.kernels.add_scales_(error, values, plan, out=self._worker_scales[worker]))
+        scales = self.kernels.add_scales_(error, values, plan, out=self._worker_scales[worker], source=source)
+        scales = self._round(scales)
         # `values` is free scratch from here on
         self.kernels.compress_(error, scales, plan, self._worker_packed[worker], scratch=values)
 

@@ -41,12 +41,17 @@ import abc
 import functools
 import os
 import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from pretrain.comm.layout import run_table
 from pretrain.comm.packing import SignPacker, _sign_table
+from pretrain.comm.pipeline import cut_runs
 
 if TYPE_CHECKING:
     from pretrain.comm.compressed_allreduce import _RunPlan
@@ -61,16 +66,46 @@ ACCUMULATE_BLOCK = 4096
 SUM_BLOCK = 4096
 
 
+@dataclass(frozen=True)
+class MomentumSource:
+    """A worker's values not formed yet (issue #15): x = (β1·m + (1−β1)·(s·g))/d, tensor by tensor, for
+    ``add_scales_`` to form inside its own pass instead of reading them from a buffer the caller filled
+    (the write and the read of x, 8 of 28 bytes per element, never happen).
+
+    Tensor k's momentum, gradient and divisor (``exp_avgs[k]``, ``grads[k]``, ``divisors[k]``: 1-D fp32
+    CPU views in the buffer's element order) are elements [offsets[k], offsets[k] + len) of the buffer; the
+    buffer's other elements (its pad) are the call's ``values`` as they are. ``fill(values)`` writes the
+    same x into ``values`` in the same arithmetic (one fused multiply-add, then the division), for the
+    kernels that do not fuse."""
+
+    offsets: tuple[int, ...]
+    exp_avgs: list[torch.Tensor]
+    grads: list[torch.Tensor]
+    divisors: list[torch.Tensor]
+    beta1: float
+    grad_scale: float
+    fill: Callable[[torch.Tensor], None]
+
+
 class CompressionKernels(abc.ABC):
     """The engine's elementwise passes (module docstring). ``plan`` describes where each scale applies."""
 
     name: str
 
     def add_scales_(
-        self, error: torch.Tensor, values: torch.Tensor, plan: _RunPlan, out: torch.Tensor
+        self,
+        error: torch.Tensor,
+        values: torch.Tensor,
+        plan: _RunPlan,
+        out: torch.Tensor,
+        source: MomentumSource | None = None,
     ) -> torch.Tensor:
         """The worker's first step: error ← error + values (y = x + e), then out ← the scales of its
-        segments (``plan.scales``); returns ``out``. Implementations may fuse the two passes."""
+        segments (``plan.scales``); returns ``out``. Implementations may fuse the two passes. With a
+        ``source``, x is the source's (:class:`MomentumSource`; the buffer's pad still from ``values``):
+        here formed into ``values`` first."""
+        if source is not None:
+            source.fill(values)
         error.add_(values)
         return plan.scales(error, out=out)
 
@@ -181,6 +216,23 @@ class TorchKernels(CompressionKernels):
         for chunk, plan in enumerate(plans):
             offset = offsets[chunk]
             plan.apply(chunks[chunk], scales[offset : offset + plan.num_segments])
+
+
+@functools.cache
+def fma_intrinsic() -> Any:
+    """``fma(a, b, c)``: a·b + c in float32 rounded once, for numba code (``llvm.fma``: one instruction
+    where the CPU has FMA, libm's fmaf elsewhere), as ATen's vectorised ``add(alpha=)`` computes it on x86."""
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def fma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.fma(*args)
+
+        return types.float32(types.float32, types.float32, types.float32), codegen
+
+    return fma
 
 
 @functools.cache
@@ -449,7 +501,48 @@ def _numba_functions() -> dict[str, Any]:
                     total += _abs_sum(block)
                 out[first + row] = np.float32(total)
 
+    fma = fma_intrinsic()
+
+    @numba.njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+    def _add_momentum(error, exp_avg, grad, divisor, beta1, weight, scale):
+        # error ← error + (β1·m + weight·(s·g))/d, x as `live_step.preconditioned_momentum_` forms it
+        # (error_model="numpy": the division vectorises)
+        for i in range(error.shape[0]):
+            error[i] = error[i] + fma(weight, grad[i] * scale, beta1 * exp_avg[i]) / divisor[i]
+
+    @jit
+    def add_momentum_abs_sums(error, exp_avg, grad, divisor, runs, out, beta1, weight, scale):
+        # `add_segment_abs_sums` over one tensor's elements with x formed from (m, g, d): the same blocks
+        # summed in the same order after the same additions, so the same bits
+        for r in range(runs.shape[0]):
+            start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
+            if length < SUM_BLOCK:
+                group = SUM_BLOCK // length
+                for row in range(0, rows, group):
+                    base, count = start + row * length, min(group, rows - row)
+                    stop = base + count * length
+                    _add_momentum(
+                        error[base:stop], exp_avg[base:stop], grad[base:stop], divisor[base:stop],
+                        beta1, weight, scale,
+                    )  # fmt: skip
+                    for q in range(count):
+                        segment = error[base + q * length : base + (q + 1) * length]
+                        out[first + row + q] = np.float32(_abs_sum(segment))
+                continue
+            for row in range(rows):
+                base = start + row * length
+                total = 0.0
+                for offset in range(0, length, SUM_BLOCK):
+                    low, high = base + offset, base + min(offset + SUM_BLOCK, length)
+                    _add_momentum(
+                        error[low:high], exp_avg[low:high], grad[low:high], divisor[low:high],
+                        beta1, weight, scale,
+                    )  # fmt: skip
+                    total += _abs_sum(error[low:high])
+                out[first + row] = np.float32(total)
+
     return {
+        "add_momentum_abs_sums": add_momentum_abs_sums,
         "compress": compress,
         "accumulate": accumulate,
         "decode": decode,
@@ -472,15 +565,88 @@ class NumbaKernels(CompressionKernels):
         self._term = np.empty(ACCUMULATE_BLOCK, dtype=np.float32)
         # compress's sign flags, one byte per element of a stretch (+ 8 for its first, partial byte)
         self._flags = np.zeros(SUM_BLOCK + 8, dtype=np.uint8)
+        # `_source_tables`, per plan and source layout
+        self._tables: weakref.WeakKeyDictionary[_RunPlan, dict[tuple[Any, ...], Any]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def add_scales_(
-        self, error: torch.Tensor, values: torch.Tensor, plan: _RunPlan, out: torch.Tensor
+        self,
+        error: torch.Tensor,
+        values: torch.Tensor,
+        plan: _RunPlan,
+        out: torch.Tensor,
+        source: MomentumSource | None = None,
     ) -> torch.Tensor:
         if plan.root or not plan.tiles(error.numel()):
-            return super().add_scales_(error, values, plan, out)
+            return super().add_scales_(error, values, plan, out, source)
         # the 1-norms of `plan.scales` (pretrain.comm.norms), fused with the addition: same bits
-        self._functions["add_segment_abs_sums"](error.numpy(), values.numpy(), plan.table, out.numpy())
+        if source is None:
+            self._functions["add_segment_abs_sums"](error.numpy(), values.numpy(), plan.table, out.numpy())
+        else:
+            self._add_source(error.numpy(), values.numpy(), plan, out.numpy(), source)
         return out.div_(plan.segment_divisors)
+
+    def _add_source(
+        self, error: np.ndarray, values: np.ndarray, plan: _RunPlan, out: np.ndarray, source: MomentumSource
+    ) -> None:
+        """`add_segment_abs_sums` with x formed from ``source`` tensor by tensor (one loop each), the rest
+        of the buffer from ``values``."""
+        tensors, rest = self._source_tables(plan, source)
+        fused = self._functions["add_momentum_abs_sums"]
+        beta1, weight = np.float32(source.beta1), np.float32(1.0 - source.beta1)  # fp32, as torch rounds them
+        scale = np.float32(source.grad_scale)
+        for k, (low, high, table) in enumerate(tensors):
+            fused(
+                error[low:high],
+                source.exp_avgs[k].numpy(),
+                source.grads[k].numpy(),
+                source.divisors[k].numpy(),
+                table,
+                out,
+                beta1,
+                weight,
+                scale,
+            )
+        for low, high, table in rest:
+            self._functions["add_segment_abs_sums"](error[low:high], values[low:high], table, out)
+
+    def _source_tables(
+        self, plan: _RunPlan, source: MomentumSource
+    ) -> tuple[list[tuple[int, int, np.ndarray]], list[tuple[int, int, np.ndarray]]]:
+        """(low, high, run table relative to low with absolute segment indices) per source tensor, and for
+        the stretches between them (the pad); computed once per plan and source layout. Raises ValueError
+        where a tensor would cut a segment (the sums would differ)."""
+        lengths = tuple(g.shape[0] for g in source.grads)
+        key = (source.offsets, lengths)
+        cached = self._tables.setdefault(plan, {}).get(key)
+        if cached is not None:
+            return cached
+
+        def table(low: int, high: int) -> tuple[int, int, np.ndarray]:
+            runs, first = cut_runs(plan.runs, low, high)
+            if sum(run.numel for run in runs) != high - low:
+                raise ValueError(f"elements [{low}, {high}) are not tiled by the plan's runs")
+            rows = run_table(runs)
+            rows[:, 3] += first
+            return low, high, rows
+
+        bounds = sorted(zip(source.offsets, (o + n for o, n in zip(source.offsets, lengths))))
+        if list(bounds) != [(o, o + n) for o, n in zip(source.offsets, lengths)]:
+            raise ValueError("the source's tensors must come in buffer order")
+        tensors = [table(low, high) for low, high in bounds]
+        gaps, position = [], 0
+        for low, high in [*bounds, (plan.runs[-1].end, plan.runs[-1].end)]:
+            if low < position:
+                raise ValueError("the source's tensors overlap")
+            if low > position:
+                gaps.append(table(position, low))
+            position = high
+        segments = sum(rows[:, 1].sum() for _, _, rows in tensors + gaps)
+        if segments != plan.num_segments:  # a tensor boundary inside a segment would split it
+            raise ValueError("a source tensor starts or ends inside a segment of the plan")
+        self._tables[plan][key] = (tensors, gaps)
+        return tensors, gaps
 
     def compress_(
         self,

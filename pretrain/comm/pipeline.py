@@ -120,14 +120,16 @@ class PipelinedExchange:
         self.server_send = _carve(engine._server_packed, sizes, None)
         self.gathered = _carve(engine._gathered_server_packed, sizes, n)
 
-    def __call__(self, values: torch.Tensor, out: torch.Tensor) -> None:
+    def __call__(self, values: torch.Tensor, out: torch.Tensor, source=None) -> None:
         engine = self.engine
         kernels, group, n, rank = engine.kernels, engine.group, engine.world_size, engine.rank
         chunk = engine.chunk_numel
         # 1. worker: y = x + e, the scales over the whole buffer, sent ahead of the signs
         error = engine._worker_errors[0]
         scales = engine._round(
-            kernels.add_scales_(error, values, engine._worker_plan, out=engine._worker_scales[0])
+            kernels.add_scales_(
+                error, values, engine._worker_plan, out=engine._worker_scales[0], source=source
+            )
         )
         torch.index_select(scales, 0, engine._send_scale_index, out=engine._send_scales)
         engine._exchange_worker_scales()

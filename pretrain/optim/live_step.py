@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pretrain.comm.kernels import MomentumSource
 from pretrain.optim.base import flat_views
 from pretrain.optim.blocks import Blocks
 from pretrain.optim.lamb_loops import SPAN, span_sums
@@ -138,22 +139,14 @@ def _numba_momentum() -> Any:
     if kernels.numba_unavailable_reason() is not None:
         return None
     import numba
-    from numba import types
-    from numba.extending import intrinsic
 
-    @intrinsic
-    def fma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
-        # a·b + c rounded once (llvm.fma: one instruction where the CPU has FMA, libm's fmaf elsewhere)
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            return builder.fma(*args)
-
-        return types.float32(types.float32, types.float32, types.float32), codegen
+    fma = kernels.fma_intrinsic()
 
     @numba.njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
-    def momentum_(out, exp_avg, grad, denominator, beta1, weight):
-        # out ← (β1·m + weight·g)/d; out may be exp_avg or grad itself
+    def momentum_(out, exp_avg, grad, denominator, beta1, weight, scale):
+        # out ← (β1·m + weight·(s·g))/d; out may be exp_avg or grad itself (s = 1: g·s is g, the same bits)
         for i in range(out.shape[0]):
-            out[i] = fma(weight, grad[i], beta1 * exp_avg[i]) / denominator[i]
+            out[i] = fma(weight, grad[i] * scale, beta1 * exp_avg[i]) / denominator[i]
 
     return momentum_
 
@@ -165,10 +158,12 @@ def preconditioned_momentum_(
     denominators: list[Tensor],
     *,
     beta1: float,
+    grad_scale: float = 1.0,
 ) -> bool:
-    """outs ← (β1·m + (1−β1)·g)/d per tensor (d = √v+ε) in one numba loop each (module docstring); an out
-    may be its m or its g. Returns False, changing nothing, where the loop cannot be used (no numba, not
-    CPU fp32 tensors laid out alike), for the caller to take the torch path."""
+    """outs ← (β1·m + (1−β1)·(s·g))/d per tensor (d = √v+ε, s = ``grad_scale``, s·g rounded to fp32 as
+    ``g.mul_(s)`` would) in one numba loop each (module docstring); an out may be its m or its g. Returns
+    False, changing nothing, where the loop cannot be used (no numba, not CPU fp32 tensors laid out
+    alike), for the caller to take the torch path."""
     loop = _numba_momentum()
     if loop is None or not outs:
         return False
@@ -176,14 +171,62 @@ def preconditioned_momentum_(
     if any(f is None for f in flats):
         return False
     decay, weight = np.float32(beta1), np.float32(1.0 - beta1)  # as torch rounds β1 and alpha to fp32
+    scale = np.float32(grad_scale)
     arrays = [[t.numpy() for t in flat] for flat in flats]  # type: ignore[union-attr]
 
     def momentum(k: int, start: int, stop: int) -> None:
         out, exp_avg, grad, denominator = (x[start:stop] for x in arrays[k])
-        loop(out, exp_avg, grad, denominator, decay, weight)
+        loop(out, exp_avg, grad, denominator, decay, weight, scale)
 
     Blocks([out.shape[0] for out, *_ in arrays]).run(momentum)
     return True
+
+
+def momentum_source(
+    buffer: Tensor,
+    exp_avgs: list[Tensor],
+    grads: list[Tensor],
+    denominators: list[Tensor],
+    *,
+    beta1: float,
+    grad_scale: float = 1.0,
+) -> MomentumSource | None:
+    """The local momenta (β1·m + (1−β1)·(s·g))/d of `preconditioned_momentum_`, not formed but handed to
+    the compressed allreduce (:class:`~pretrain.comm.kernels.MomentumSource`), which forms them inside
+    its first pass over ``buffer``. `exp_avgs` are views of ``buffer``, each over one stretch of it in
+    memory order. None where the numba loops cannot be used (as `preconditioned_momentum_`), for the
+    caller to form them itself."""
+    if _numba_momentum() is None or not exp_avgs:
+        return None
+    flats = [_flat_alike(tensors) for tensors in zip(exp_avgs, grads, denominators)]
+    if any(f is None for f in flats):
+        return None
+    base, storage = buffer.storage_offset(), buffer.untyped_storage().data_ptr()
+    offsets: list[int] = []
+    for exp_avg, _, _ in flats:  # type: ignore[misc]
+        offset, length = int(exp_avg.storage_offset()) - int(base), len(exp_avg)
+        if exp_avg.untyped_storage().data_ptr() != storage or not 0 <= offset <= buffer.numel() - length:
+            return None
+        offsets.append(offset)
+    exp_avg_flats, grad_flats, divisor_flats = (list(x) for x in zip(*flats))  # type: ignore[arg-type]
+
+    def fill(values: Tensor) -> None:  # the same x, formed into `values` (laid out like `buffer`)
+        outs = [values[offset : offset + len(m)] for offset, m in zip(offsets, exp_avg_flats)]
+        formed = preconditioned_momentum_(
+            outs, exp_avg_flats, grad_flats, divisor_flats, beta1=beta1, grad_scale=grad_scale
+        )
+        if not formed:
+            raise AssertionError("the momentum loop turned unusable")
+
+    return MomentumSource(
+        offsets=tuple(offsets),
+        exp_avgs=exp_avg_flats,
+        grads=grad_flats,
+        divisors=divisor_flats,
+        beta1=beta1,
+        grad_scale=grad_scale,
+        fill=fill,
+    )
 
 
 def _flat_alike(tensors: tuple[Tensor, ...]) -> list[Tensor] | None:

@@ -32,14 +32,23 @@ def _numba_marginals() -> Any:
         return None
     import numba
 
+    @numba.njit(cache=True, boundscheck=False, nogil=True)
+    def scaled(row, scale, out):
+        # out ← scale·row in fp32, as `g.mul_(s)` (a function of its own: no reassoc on these products)
+        for j in range(row.shape[0]):
+            out[j] = row[j] * scale
+        return out
+
     @numba.njit(cache=True, boundscheck=False, nogil=True, fastmath={"reassoc"})
-    def add_square_marginals(matrix, row_sums, col_sums):
+    def add_square_marginals(matrix, row_sums, col_sums, scale, scratch):
+        # the matrix times `scale` (1: as it is), its rows through `scratch`
         rows, cols = matrix.shape
         columns = np.zeros(cols, dtype=np.float64)
         for i in range(rows):
+            row = matrix[i] if scale == 1.0 else scaled(matrix[i], scale, scratch)
             total = 0.0
             for j in range(cols):
-                square = np.float64(matrix[i, j] * matrix[i, j])  # the fp32 square, as torch.mul
+                square = np.float64(row[j] * row[j])  # the fp32 square, as torch.mul
                 total += square
                 columns[j] += square
             row_sums[i] += np.float32(total)
@@ -49,20 +58,24 @@ def _numba_marginals() -> Any:
     return add_square_marginals
 
 
-def add_square_marginals(matrix: Tensor, row_sums: Tensor, col_sums: Tensor, workspace: Workspace) -> None:
-    """row_sums += Σⱼ m², col_sums += Σᵢ m² for a matrix m (module docstring). Without numba, on CPU in
-    blocks of rows of at most `CPU_CHUNK_NUMEL` elements (no matrix-sized temporary; the squares stay in
-    cache between the two sums), elsewhere the whole matrix at once."""
+def add_square_marginals(
+    matrix: Tensor, row_sums: Tensor, col_sums: Tensor, workspace: Workspace, scale: float = 1.0
+) -> None:
+    """row_sums += Σⱼ m², col_sums += Σᵢ m² for a matrix m = ``scale``·matrix (module docstring; the
+    product rounded to fp32, as scaling the matrix in place first would). Without numba, on CPU in blocks
+    of rows of at most `CPU_CHUNK_NUMEL` elements (no matrix-sized temporary; the squares stay in cache
+    between the two sums), elsewhere the whole matrix at once."""
     if not matrix.is_contiguous() and matrix.t().is_contiguous():  # column-major: its transpose's rows
         matrix, row_sums, col_sums = matrix.t(), col_sums, row_sums
     if _numba_usable(matrix, row_sums, col_sums):
-        _numba_marginals()(matrix.numpy(), row_sums.numpy(), col_sums.numpy())
+        scratch = workspace.flat(matrix.shape[1], matrix.device).numpy()
+        _numba_marginals()(matrix.numpy(), row_sums.numpy(), col_sums.numpy(), np.float32(scale), scratch)
         return
-    torch_add_square_marginals(matrix, row_sums, col_sums, workspace)
+    torch_add_square_marginals(matrix, row_sums, col_sums, workspace, scale)
 
 
 def torch_add_square_marginals(
-    matrix: Tensor, row_sums: Tensor, col_sums: Tensor, workspace: Workspace
+    matrix: Tensor, row_sums: Tensor, col_sums: Tensor, workspace: Workspace, scale: float = 1.0
 ) -> None:
     """:func:`add_square_marginals` in torch ops, for a row-major (or any) matrix: the fallback, and the
     reference the numba loop is tested and benchmarked against."""
@@ -72,7 +85,10 @@ def torch_add_square_marginals(
     for first in range(0, rows, step):
         block = matrix[first : first + step]
         square = scratch[: block.numel()].view(block.shape)
-        torch.mul(block, block, out=square)
+        if scale == 1.0:
+            torch.mul(block, block, out=square)
+        else:
+            torch.mul(block, scale, out=square).mul_(square)
         row_sums[first : first + step].add_(square.sum(1))
         col_sums.add_(square.sum(0))
 

@@ -90,9 +90,10 @@ from torch import Tensor
 
 from pretrain.comm import CompressedAllreduce, TrafficCounter, padded_numel
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
+from pretrain.comm.kernels import MomentumSource
 from pretrain.comm.layout import Block, ScaleLayout
 from pretrain.optim.base import OptimizerBase, Workspace, evaluate_closure, global_grad_norm, views_like
-from pretrain.optim.live_step import preconditioned_momentum_
+from pretrain.optim.live_step import momentum_source, preconditioned_momentum_
 
 logger = logging.getLogger(__name__)
 
@@ -597,15 +598,29 @@ class OnebitOptimizer(OptimizerBase):
         )
 
     def _preconditioned_local_momentum(
-        self, segment: MomentumSegment, grads: list[Tensor], kappas: list[Tensor] | None, *, beta1: float
-    ) -> bool:
-        """k == 1 where `_fused_exchange` allows: the segment's views ← (β1·m + (1−β1)·g)/(√v+ε) (`grads`
-        those of the segment's parameters), ready for `_exchange(..., divided=True)`. False (nothing
-        changed) elsewhere: the caller forms m itself."""
+        self,
+        segment: MomentumSegment,
+        grads: list[Tensor],
+        kappas: list[Tensor] | None,
+        *,
+        beta1: float,
+        grad_scale: float = 1.0,
+    ) -> MomentumSource | bool:
+        """k == 1 where `_fused_exchange` allows: x = (β1·m + (1−β1)·(s·g))/(√v+ε) (`grads` those of the
+        segment's parameters, s = `grad_scale`), ready for `_exchange(..., divided=True)`: a
+        `MomentumSource` for the exchange to form x inside its first pass (one torch thread and nothing
+        exchanged transposed: `live_step.momentum_source`), or True: formed into the segment's views.
+        False (nothing changed) elsewhere: the caller forms m itself (and scales `grads` first)."""
         if segment.local is not None or not self._fused_exchange(segment, kappas):
             return False
-        views = segment.views
-        return preconditioned_momentum_(views, views, grads, self._divisors(segment), beta1=beta1)
+        views, divisors = segment.views, self._divisors(segment)
+        if segment.transposed is None and torch.get_num_threads() == 1:
+            source = momentum_source(
+                segment.buffer, views, grads, divisors, beta1=beta1, grad_scale=grad_scale
+            )
+            if source is not None:
+                return source
+        return preconditioned_momentum_(views, views, grads, divisors, beta1=beta1, grad_scale=grad_scale)
 
     def _exchange(
         self,
@@ -615,12 +630,14 @@ class OnebitOptimizer(OptimizerBase):
         beta1: float,
         divided: bool = False,
         scale_back: bool = True,
+        source: MomentumSource | None = None,
     ) -> None:
         """Replace the segment's local momentum by the compressed average over all workers.
 
         k == 1: `segment.buffer` holds this rank's local momentum (views updated by the caller), or with
         `local_momentum` the caller updated `momentum_views(segment)` and it is copied in here; `divided`:
-        the caller formed it already divided by √v+ε (`_preconditioned_local_momentum`).
+        the caller formed it already divided by √v+ε (`_preconditioned_local_momentum`), or hands it over
+        as `source` (`divided`; the compressor forms it inside its first pass).
         k > 1: row w of `segment.local` holds worker w's own gradient g_w; here it becomes that
         worker's local momentum β1·m + (1−β1)·g_w (m the synchronized momentum in `segment.buffer`,
         the pad kept from it; with `local_momentum` m is worker w's own), with the arithmetic of
@@ -647,7 +664,7 @@ class OnebitOptimizer(OptimizerBase):
         divisors = self._divisors(segment) if self.exchange.precondition else None
         segment.to_exchange_layout_(local, None if divided else divisors, self.workspace)
         if segment.local is None:
-            compressor(segment.buffer)
+            compressor(segment.buffer, source=source)
         else:
             compressor(segment.local, out=segment.buffer)
         segment.from_exchange_layout_(segment.buffer, divisors if scale_back else None, self.workspace)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
+from pretrain.comm.kernels import MomentumSource
 from pretrain.optim import functional as F
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 
@@ -87,10 +88,11 @@ class OnebitAdam(OnebitOptimizer):
     def _compression_step(self, grads: list[Tensor]) -> None:
         for (group, span), segment in zip(self._group_slices(), self._segments or []):
             beta1 = group["betas"][0]
-            divided = self._preconditioned_local_momentum(segment, grads[span], None, beta1=beta1)
-            if segment.local is None and not divided:  # virtual workers: inside the exchange
+            prepared = self._preconditioned_local_momentum(segment, grads[span], None, beta1=beta1)
+            if segment.local is None and prepared is False:  # virtual workers: inside the exchange
                 F.local_momentum_(self.momentum_views(segment), grads[span], beta1=beta1)
-            self._exchange(segment, None, beta1=beta1, divided=divided)
+            source = prepared if isinstance(prepared, MomentumSource) else None
+            self._exchange(segment, None, beta1=beta1, divided=prepared is not False, source=source)
         self._apply_masks()
         for group, _ in self._group_slices():
             hyper = dict(lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])

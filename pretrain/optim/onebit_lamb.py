@@ -112,6 +112,7 @@ from torch import Tensor
 
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.exact import worker_order_mean
+from pretrain.comm.kernels import MomentumSource
 from pretrain.optim import compiled, lamb_loops
 from pretrain.optim import functional as F
 from pretrain.optim.base import global_grad_norm
@@ -471,7 +472,13 @@ class OnebitLamb(OnebitOptimizer):
         (segment,) = self._segments or []
         refresh_now = self._refresh_next()  # read before the step, as the trainer did
         refresh = refresh_now and self.refresh_from is RefreshFrom.exact
-        self._scale_gradients(None if refresh else segment.local, grads)
+        # the frozen pre-normalization factor: multiplied into the gradients in a pass of their own, or
+        # where nothing else reads them scaled, into the passes that read them anyway (the marginals'
+        # loop and the local momentum's: the same fp32 products, so the same bits)
+        deferred = self._defers_grad_scale(segment, refresh)
+        if not deferred:
+            self._scale_gradients(None if refresh else segment.local, grads)
+        grad_scale = self._compression_grad_scale() if deferred else 1.0
         live = self._live_variance_positions(segment)
         if self.variance_refresh and self.refresh_from in (RefreshFrom.local, RefreshFrom.blocks):
             self._accumulate_squares(segment, grads)
@@ -480,7 +487,7 @@ class OnebitLamb(OnebitOptimizer):
             elif refresh_now:
                 self._refresh_from_blocks(segment, live)
         elif self.variance_refresh and self.refresh_from in (RefreshFrom.factored, RefreshFrom.rank1):
-            self._accumulate_marginals(segment, grads)
+            self._accumulate_marginals(segment, grads, grad_scale)
             if refresh_now and self.refresh_from is RefreshFrom.factored:
                 self._refresh_factored(segment)
             elif refresh_now:
@@ -489,8 +496,22 @@ class OnebitLamb(OnebitOptimizer):
         if refresh:
             self._refresh_update(segment, grads, live)
         else:
-            self._compression_update(segment, grads)
+            self._compression_update(segment, grads, grad_scale)
         self._update_live_variance(segment, live, previous)
+
+    def _defers_grad_scale(self, segment: Any, refresh: bool) -> bool:
+        """Whether this compression step's gradients reach only passes that take the nvlamb factor
+        themselves: one worker per process, the eager step, neither an exact refresh nor the local squares
+        (`_accumulate_squares`) reading them."""
+        squares = self.variance_refresh and self.refresh_from in (RefreshFrom.local, RefreshFrom.blocks)
+        probing = self.probe is not None and self.probe.active
+        return (
+            self._compression_grad_scale() != 1.0
+            and segment.local is None
+            and not refresh
+            and not squares
+            and (self._compiled_compression is None or probing)
+        )
 
     def _refresh_targets(self, live: list[int], decayed_only: bool) -> list[tuple[dict[str, Any], int]]:
         """(group, segment position) of each tensor a refresh folds into v: not live already and, with
@@ -591,8 +612,9 @@ class OnebitLamb(OnebitOptimizer):
             start += rows + cols
         return views
 
-    def _accumulate_marginals(self, segment: Any, grads: list[Tensor]) -> None:
-        """refresh_from=factored: each worker adds the row and column sums of its own g² (no bytes)."""
+    def _accumulate_marginals(self, segment: Any, grads: list[Tensor], grad_scale: float = 1.0) -> None:
+        """refresh_from=factored: each worker adds the row and column sums of its own g² (no bytes); g =
+        `grad_scale`·grads (1 where `grads` hold the scaled gradients already)."""
         positions = self._factored_positions(segment)
         if self._square_sums is None:
             length = sum(sum(segment.params[i].shape) for i in positions)
@@ -602,7 +624,7 @@ class OnebitLamb(OnebitOptimizer):
         for worker, sums in enumerate(self._square_sums):
             own = grads if segment.local is None else segment.views_of(segment.local[worker])
             for i, (row_sums, col_sums) in zip(positions, self._marginal_views(sums, segment)):
-                add_square_marginals(own[i], row_sums, col_sums, self.workspace)
+                add_square_marginals(own[i], row_sums, col_sums, self.workspace, grad_scale)
 
     def _refresh_factored(self, segment: Any) -> None:
         """refresh_from=factored: the row and column sums' mean over workers and the K steps enter β2^K-EMAs;
@@ -667,9 +689,11 @@ class OnebitLamb(OnebitOptimizer):
         for group, span in self._group_slices():
             self._compressed_update(group, segment.views[span])
 
-    def _compression_update(self, segment: Any, grads: list[Tensor]) -> None:
+    def _compression_update(self, segment: Any, grads: list[Tensor], grad_scale: float = 1.0) -> None:
+        """`grad_scale` (`_defers_grad_scale`): the factor `grads` still need."""
         probing = self.probe is not None and self.probe.active
         if self._compiled_compression is not None and not probing:
+            assert grad_scale == 1.0, "the compiled step takes the gradients scaled"
             self._compiled_compression_step(segment, grads)
             return
         prev_exp_avgs = segment.snapshot() if self.trust_ratio is TrustRatio.frozen else segment.views
@@ -681,13 +705,19 @@ class OnebitLamb(OnebitOptimizer):
             raise ValueError("virtual workers need one beta1 for all parameter groups")
         beta1 = self.param_groups[0]["betas"][0]
         # one numba loop forms (β1·m + (1−β1)·g)/(√v+ε) where it can (`live_step`)
-        divided = len(betas) == 1 and self._preconditioned_local_momentum(segment, grads, kappas, beta1=beta1)
-        if segment.local is None and not divided:  # virtual workers form their local momenta in the exchange
+        prepared = len(betas) == 1 and self._preconditioned_local_momentum(
+            segment, grads, kappas, beta1=beta1, grad_scale=grad_scale
+        )
+        if prepared is False and grad_scale != 1.0:  # the torch path: the gradients scaled first
+            torch._foreach_mul_(grads, grad_scale)
+        if segment.local is None and prepared is False:  # virtual workers: in the exchange
             for group, span in self._group_slices():
                 F.local_momentum_(self.momentum_views(segment)[span], grads[span], beta1=group["betas"][0])
         # the live step multiplies the average ū back by √v+ε itself (`_compressed_update`)
         averages = self._fused_exchange(segment, kappas) and self.trust_ratio is not TrustRatio.frozen
-        self._exchange(segment, kappas, beta1=beta1, divided=divided, scale_back=not averages)
+        source = prepared if isinstance(prepared, MomentumSource) else None
+        divided = prepared is not False
+        self._exchange(segment, kappas, beta1=beta1, divided=divided, scale_back=not averages, source=source)
         self._apply_masks()  # a 0/1 mask: the same bits on ū as on m = ū·(√v+ε)
         divisors = segment.divisors  # √v+ε, kept in step with v (built by the preconditioned exchange)
         for group, span in self._group_slices():

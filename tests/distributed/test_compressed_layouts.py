@@ -201,3 +201,65 @@ def test_virtual_worker_buffers_are_checked():
     (errors,) = run_distributed(_check_virtual_buffers, 1)
     assert len(errors) == 3
     assert "[2, 64] buffer" in errors[0] and "`out`" in errors[1] and "[2, 64] buffer" in errors[2]
+
+
+# A momentum source (issue #15, `pretrain.comm.kernels.MomentumSource`): the tensors of `_layout`'s blocks
+SOURCE_BOUNDS = [(0, 37 * 16), (37 * 16, 37 * 16 + 13), (37 * 16 + 13, 37 * 16 + 13 + 64)]
+SOURCE_CASES = [("blocks", "mean_abs"), ("elements", "mean_abs"), ("blocks", "rms")]
+
+
+def _source_input(call: int, worker: int, numel: int, grad_scale: float):
+    """(buffer of momenta, zero pad; its `live_step.momentum_source`; the values x it stands for)."""
+    from pretrain.optim.live_step import momentum_source
+
+    generator = torch.Generator().manual_seed(7000 + 1000 * call + worker)
+    buffer = torch.zeros(numel)
+    buffer[:UNPADDED] = torch.randn(UNPADDED, generator=generator)
+    views = [buffer[low:high] for low, high in SOURCE_BOUNDS]
+    grads = [torch.randn(high - low, generator=generator) for low, high in SOURCE_BOUNDS]
+    divisors = [torch.rand(high - low, generator=generator) + 0.01 for low, high in SOURCE_BOUNDS]
+    source = momentum_source(buffer, views, grads, divisors, beta1=0.9, grad_scale=grad_scale)
+    assert source is not None
+    formed = buffer.clone()
+    source.fill(formed)
+    return buffer, source, formed
+
+
+def _run_sources(rank: int, processes: int, grad_scale: float) -> dict:
+    numel = padded_numel(UNPADDED, processes)
+    results = {}
+    for kernels in KERNELS:
+        for pieces in (0, PIECES):
+            for kind, sign_scale in SOURCE_CASES:
+                engine = CompressedAllreduce(
+                    numel,
+                    layout=_layout(kind, numel, processes),
+                    sign_scale=sign_scale,
+                    kernels=kernels,
+                    pipeline=pieces,
+                )
+                outputs = []
+                for call in range(CALLS):
+                    buffer, source, _ = _source_input(call, rank, numel, grad_scale)
+                    outputs.append(engine(buffer, source=source).numpy().copy())
+                results[(kernels, pieces, kind, sign_scale)] = outputs
+    return results
+
+
+@pytest.mark.parametrize("processes, grad_scale", [(2, 1.0), (3, 0.37)])
+def test_a_momentum_source_gives_what_its_values_give(processes, grad_scale):
+    """The engine handed the momenta (`source=`: x formed inside the worker's first pass where the numba
+    kernels can, into the buffer first elsewhere) equals the reference fed the values x themselves, bit for
+    bit, pipelined or not, on every rank."""
+    results = run_distributed(_run_sources, processes, args=(grad_scale,))
+    numel = padded_numel(UNPADDED, processes)
+    inputs = [[_source_input(call, w, numel, grad_scale)[2] for w in range(processes)] for call in range(CALLS)]
+    for (kernels, pieces, kind, sign_scale), _ in results[0].items():
+        reference = ReferenceCompressedAllreduce(
+            numel, processes, _layout(kind, numel, processes), sign_scale, "float32"
+        )
+        for call in range(CALLS):
+            expected = reference(inputs[call]).numpy()
+            for rank in range(processes):
+                got = results[rank][(kernels, pieces, kind, sign_scale)][call]
+                assert np.array_equal(got, expected), (kernels, pieces, kind, sign_scale, call, rank)

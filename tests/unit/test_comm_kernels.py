@@ -297,3 +297,66 @@ def test_a_numba_that_cannot_compile_here_falls_back_too(monkeypatch):
         "numba cannot be used here (RuntimeError: cannot cache function: no locator available)"
     )
     assert get_kernels("cpu", TorchSignPacker()).name == "torch"
+
+
+def _source_case(runs, bounds, numel, grad_scale, seed=0):
+    """A buffer of `numel` momenta whose tensors are the stretches `bounds` (the rest is pad, holding
+    values of its own), their gradients and divisors, and the `live_step.momentum_source` over them."""
+    from pretrain.optim.live_step import momentum_source
+
+    generator = torch.Generator().manual_seed(seed)
+    buffer = torch.randn(numel, generator=generator)
+    views = [buffer[low:high] for low, high in bounds]
+    grads = [torch.randn(high - low, generator=generator) for low, high in bounds]
+    divisors = [torch.rand(high - low, generator=generator) + 1e-3 for low, high in bounds]
+    source = momentum_source(buffer, views, grads, divisors, beta1=0.9, grad_scale=grad_scale)
+    assert source is not None
+    return buffer, source
+
+
+@pytest.mark.parametrize("grad_scale", [1.0, 0.37])
+@pytest.mark.parametrize("layout", ["runs", "long"])
+def test_the_worker_step_forms_the_momentum_inside_its_pass_like_the_reference(layout, grad_scale):
+    """`add_scales_` with a `MomentumSource` (issue #15: x = (β1·m + (1−β1)·s·g)/d formed in the worker's
+    first pass instead of in a pass of its own): the same error and scales, bit for bit, as forming x into
+    the buffer first and adding it (numba and torch), with tensors of one-element, short and several-block
+    segments, and a pad that is not a source tensor (taken from the buffer as it is). The torch kernels
+    take the source the unfused way."""
+    if layout == "runs":
+        runs, numel = RUNS, NUMEL
+        bounds = [(0, 120), (120, 123), (123, 136), (136, 199)]  # the pad: [199, 1000)
+    else:
+        block = kernels_module.SUM_BLOCK
+        runs = [Run(0, 1, 5), Run(5, 2, block + 3), Run(2 * block + 11, 3, 64), Run(2 * block + 203, 1, 29)]
+        numel, bounds = 2 * block + 232, [(0, 5), (5, 2 * block + 11), (2 * block + 11, 2 * block + 203)]
+    plan = _RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
+    assert plan.tiles(numel)
+    results = []
+    torch_kernels = TorchKernels(TorchSignPacker())  # with a source: forms x into the buffer, then adds
+    for implementation, fused in [(NumbaKernels(), True), (NumbaKernels(), False), (torch_kernels, True)]:
+        buffer, source = _source_case(runs, bounds, numel, grad_scale)
+        error, scales = _values(4, numel) * 1e-2, torch.empty(plan.num_segments)
+        if fused:
+            implementation.add_scales_(error, buffer, plan, scales, source=source)
+        else:
+            source.fill(buffer)  # x formed into the buffer first, then added
+            implementation.add_scales_(error, buffer, plan, scales)
+        results.append((error, scales))
+    for error, scales in results[1:]:
+        assert torch.equal(results[0][0], error)
+        assert torch.equal(results[0][1], scales)
+    # and what x is: the momentum loop's arithmetic, the pad untouched by it
+    buffer, source = _source_case(runs, bounds, numel, grad_scale)
+    expected = buffer.clone()
+    for (low, high), g, d in zip(bounds, source.grads, source.divisors):
+        m = buffer[low:high]
+        expected[low:high] = (0.9 * m.double() + 0.1 * (g * grad_scale).double()).float() / d
+    torch.testing.assert_close(results[0][0], _values(4, numel) * 1e-2 + expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_source_tensor_that_cuts_a_segment_is_refused():
+    """The sums of a segment split between two tensors would be taken in another order: refused."""
+    plan = _RunPlan([Run(0, 1, 64), Run(64, 1, 64)], SignScale.mean_abs, torch.device("cpu"))
+    buffer, source = _source_case(plan.runs, [(0, 32), (32, 64)], 128, 1.0)
+    with pytest.raises(ValueError, match="inside a segment"):
+        NumbaKernels().add_scales_(torch.zeros(128), buffer, plan, torch.empty(2), source=source)
