@@ -253,7 +253,10 @@ def test_a_momentum_source_gives_what_its_values_give(processes, grad_scale):
     bit, pipelined or not, on every rank."""
     results = run_distributed(_run_sources, processes, args=(grad_scale,))
     numel = padded_numel(UNPADDED, processes)
-    inputs = [[_source_input(call, w, numel, grad_scale)[2] for w in range(processes)] for call in range(CALLS)]
+    inputs = [
+        [_source_input(call, worker, numel, grad_scale)[2] for worker in range(processes)]
+        for call in range(CALLS)
+    ]
     for (kernels, pieces, kind, sign_scale), _ in results[0].items():
         reference = ReferenceCompressedAllreduce(
             numel, processes, _layout(kind, numel, processes), sign_scale, "float32"
