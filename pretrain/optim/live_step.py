@@ -148,7 +148,13 @@ def _numba_momentum() -> Any:
         for i in range(out.shape[0]):
             out[i] = fma(weight, grad[i] * scale, beta1 * exp_avg[i]) / denominator[i]
 
-    return momentum_
+    @numba.njit(cache=True, boundscheck=False, nogil=True)
+    def plain_momentum_(exp_avg, grad, beta1, weight, scale):
+        # m ← β1·m + weight·(s·g)
+        for i in range(exp_avg.shape[0]):
+            exp_avg[i] = fma(weight, grad[i] * scale, beta1 * exp_avg[i])
+
+    return momentum_, plain_momentum_
 
 
 def preconditioned_momentum_(
@@ -164,9 +170,10 @@ def preconditioned_momentum_(
     ``g.mul_(s)`` would) in one numba loop each (module docstring); an out may be its m or its g. Returns
     False, changing nothing, where the loop cannot be used (no numba, not CPU fp32 tensors laid out
     alike), for the caller to take the torch path."""
-    loop = _numba_momentum()
-    if loop is None or not outs:
+    loops = _numba_momentum()
+    if loops is None or not outs:
         return False
+    loop = loops[0]
     flats = [_flat_alike(tensors) for tensors in zip(outs, exp_avgs, grads, denominators)]
     if any(f is None for f in flats):
         return False
@@ -179,6 +186,29 @@ def preconditioned_momentum_(
         loop(out, exp_avg, grad, denominator, decay, weight, scale)
 
     Blocks([out.shape[0] for out, *_ in arrays]).run(momentum)
+    return True
+
+
+def local_momentum_(
+    exp_avgs: list[Tensor], grads: list[Tensor], *, beta1: float, grad_scale: float = 1.0
+) -> bool:
+    """m ← β1·m + (1−β1)·(s·g) per tensor (`functional.local_momentum_`, s = ``grad_scale``) in one numba
+    loop each: one fused multiply-add, as ATen's ``add(alpha=)`` on x86, so the bits of the torch ops there
+    (two passes over m). Returns False, changing nothing, where the loop cannot be used."""
+    loops = _numba_momentum()
+    if loops is None or not exp_avgs:
+        return False
+    flats = [_flat_alike(tensors) for tensors in zip(exp_avgs, grads)]
+    if any(f is None for f in flats):
+        return False
+    decay, weight, scale = np.float32(beta1), np.float32(1.0 - beta1), np.float32(grad_scale)
+    arrays = [[t.numpy() for t in flat] for flat in flats]  # type: ignore[union-attr]
+
+    def momentum(k: int, start: int, stop: int) -> None:
+        exp_avg, grad = (x[start:stop] for x in arrays[k])
+        loops[1](exp_avg, grad, decay, weight, scale)
+
+    Blocks([m.shape[0] for m, _ in arrays]).run(momentum)
     return True
 
 

@@ -20,6 +20,7 @@ from torch import Tensor
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.kernels import MomentumSource
 from pretrain.optim import functional as F
+from pretrain.optim.live_step import local_momentum_
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 
 
@@ -90,7 +91,9 @@ class OnebitAdam(OnebitOptimizer):
             beta1 = group["betas"][0]
             prepared = self._preconditioned_local_momentum(segment, grads[span], None, beta1=beta1)
             if segment.local is None and prepared is False:  # virtual workers: inside the exchange
-                F.local_momentum_(self.momentum_views(segment), grads[span], beta1=beta1)
+                momenta = self.momentum_views(segment)
+                if not local_momentum_(momenta, grads[span], beta1=beta1):  # numba where it can
+                    F.local_momentum_(momenta, grads[span], beta1=beta1)
             source = prepared if isinstance(prepared, MomentumSource) else None
             self._exchange(segment, None, beta1=beta1, divided=prepared is not False, source=source)
         self._apply_masks()

@@ -116,7 +116,7 @@ from pretrain.comm.kernels import MomentumSource
 from pretrain.optim import compiled, lamb_loops
 from pretrain.optim import functional as F
 from pretrain.optim.base import global_grad_norm
-from pretrain.optim.live_step import live_trust_ratio_step_
+from pretrain.optim.live_step import live_trust_ratio_step_, local_momentum_
 from pretrain.optim.marginals import add_square_marginals
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
 
@@ -708,11 +708,14 @@ class OnebitLamb(OnebitOptimizer):
         prepared = len(betas) == 1 and self._preconditioned_local_momentum(
             segment, grads, kappas, beta1=beta1, grad_scale=grad_scale
         )
-        if prepared is False and grad_scale != 1.0:  # the torch path: the gradients scaled first
-            torch._foreach_mul_(grads, grad_scale)
         if segment.local is None and prepared is False:  # virtual workers: in the exchange
-            for group, span in self._group_slices():
-                F.local_momentum_(self.momentum_views(segment)[span], grads[span], beta1=group["betas"][0])
+            # m ← β1·m + (1−β1)·(s·g) in one numba loop where it can (one beta1), else in torch ops
+            momenta = self.momentum_views(segment)
+            formed = len(betas) == 1 and local_momentum_(momenta, grads, beta1=beta1, grad_scale=grad_scale)
+            if not formed and grad_scale != 1.0:
+                torch._foreach_mul_(grads, grad_scale)
+            for group, span in [] if formed else self._group_slices():
+                F.local_momentum_(momenta[span], grads[span], beta1=group["betas"][0])
         # the live step multiplies the average ū back by √v+ε itself (`_compressed_update`)
         averages = self._fused_exchange(segment, kappas) and self.trust_ratio is not TrustRatio.frozen
         source = prepared if isinstance(prepared, MomentumSource) else None

@@ -11,7 +11,7 @@ import torch
 
 from pretrain.comm.kernels import numba_unavailable_reason
 from pretrain.optim import functional as F
-from pretrain.optim.live_step import live_trust_ratio_step_, preconditioned_momentum_
+from pretrain.optim.live_step import live_trust_ratio_step_, local_momentum_, preconditioned_momentum_
 
 pytestmark = pytest.mark.skipif(numba_unavailable_reason() is not None, reason="numba unavailable")
 
@@ -120,6 +120,31 @@ def test_preconditioned_momentum_is_one_fused_multiply_add_and_a_division(column
         assert out.stride() == param.stride()
         # ATen's add(alpha=) fuses the multiply-add on x86 with FMA (then equal), else one rounding apart
         torch.testing.assert_close(out, reference, rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("column_major", [False, True])
+@pytest.mark.parametrize("grad_scale", [1.0, 0.37])
+def test_the_local_momentum_loop_is_the_torch_ops_fused(column_major, grad_scale):
+    """`local_momentum_` (1-bit optimizers at n = 1, and wherever the exchange does not take the momentum
+    from a source): m ← β1·m + (1−β1)·(s·g) as one fused multiply-add, the bits of
+    `functional.local_momentum_` on (s·g) where ATen fuses its add(alpha=) (x86 with FMA), else within a
+    rounding."""
+    _, exp_avgs, _ = _tensors(column_major)
+    grads = _tensors(column_major, seed=1)[1]
+    scaled = [g * grad_scale for g in grads]
+    ones = [torch.ones_like(m) for m in exp_avgs]
+    want = [_fma_momentum(m, g, d, 0.9) for m, g, d in zip(exp_avgs, scaled, ones)]
+    reference = [m.clone() for m in exp_avgs]
+    F.local_momentum_(reference, scaled, beta1=0.9)
+    assert local_momentum_(exp_avgs, grads, beta1=0.9, grad_scale=grad_scale)
+    for out, expected, torch_ops in zip(exp_avgs, want, reference):
+        assert torch.equal(out, expected)
+        torch.testing.assert_close(out, torch_ops, rtol=2e-7, atol=0)
+    other = exp_avgs[0].contiguous() if column_major else exp_avgs[0].t().contiguous().t()
+    mixed = [other, *exp_avgs[1:]]  # m and g in different memory orders: declined, untouched
+    before = [m.clone() for m in mixed]
+    assert not local_momentum_(mixed, grads, beta1=0.9)
+    assert all(torch.equal(m, b) for m, b in zip(mixed, before))
 
 
 def test_preconditioned_momentum_declines_what_it_cannot_take():
