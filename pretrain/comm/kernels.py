@@ -76,7 +76,8 @@ class MomentumSource:
     CPU views in the buffer's element order) are elements [offsets[k], offsets[k] + len) of the buffer; the
     buffer's other elements (its pad) are the call's ``values`` as they are. ``fill(values)`` writes the
     same x into ``values`` in the same arithmetic (one fused multiply-add, then the division), for the
-    kernels that do not fuse."""
+    kernels that do not fuse. ``marginals``: the square marginals of some of the (scaled) gradients are
+    summed in the same pass (1-bit LAMB's ``refresh_from=factored``/``rank1``)."""
 
     offsets: tuple[int, ...]
     exp_avgs: list[torch.Tensor]
@@ -85,6 +86,9 @@ class MomentumSource:
     beta1: float
     grad_scale: float
     fill: Callable[[torch.Tensor], None]
+    # per tensor, None or the (outer, inner) sums its s·g's squares are added to, rows and columns in memory
+    # order (`pretrain.optim.marginals`); `fill` adds them too
+    marginals: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
 
 class CompressionKernels(abc.ABC):
@@ -503,6 +507,36 @@ def _numba_functions() -> dict[str, Any]:
 
     fma = fma_intrinsic()
 
+    @jit
+    def _scaled(row, scale, out):
+        # out ← scale·row in fp32, as `g.mul_(s)` (a function of its own: no reassoc on these products)
+        for j in range(row.shape[0]):
+            out[j] = row[j] * scale
+        return out
+
+    @functools.partial(numba.njit, cache=True, boundscheck=False, nogil=True, fastmath={"reassoc"})
+    def _square_row(row, columns):
+        # Σ row² in float64 (vectorised: `reassoc`, an order fixed by the compiled code), and columns += row²
+        total = 0.0
+        for j in range(row.shape[0]):
+            square = np.float64(row[j] * row[j])  # the fp32 square, as torch.mul
+            total += square
+            columns[j] += square
+        return total
+
+    @jit
+    def square_marginal_rows(flat, stop, done, inner, scale, outer_sums, columns, scratch):
+        # The rows of `inner` elements of the row-major matrix `flat` (1-D) that end by `stop`, from row
+        # `done` on: outer_sums[row] += Σ (s·g)² over it (rounded to fp32), columns (float64) += (s·g)²;
+        # returns the rows done. `pretrain.optim.marginals` and the fused worker pass both run this.
+        while (done + 1) * inner <= stop:
+            row = flat[done * inner : (done + 1) * inner]
+            if scale != 1.0:
+                row = _scaled(row, scale, scratch)
+            outer_sums[done] += np.float32(_square_row(row, columns))
+            done += 1
+        return done
+
     @numba.njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
     def _add_momentum(error, exp_avg, grad, divisor, beta1, weight, scale):
         # error ← error + (β1·m + weight·(s·g))/d, x as `live_step.preconditioned_momentum_` forms it
@@ -511,9 +545,15 @@ def _numba_functions() -> dict[str, Any]:
             error[i] = error[i] + fma(weight, grad[i] * scale, beta1 * exp_avg[i]) / divisor[i]
 
     @jit
-    def add_momentum_abs_sums(error, exp_avg, grad, divisor, runs, out, beta1, weight, scale):
+    def add_momentum_abs_sums(
+        error, exp_avg, grad, divisor, runs, out, beta1, weight, scale, inner, outer_sums, inner_sums, scratch
+    ):
         # `add_segment_abs_sums` over one tensor's elements with x formed from (m, g, d): the same blocks
-        # summed in the same order after the same additions, so the same bits
+        # summed in the same order after the same additions, so the same bits. inner > 0: the square
+        # marginals of s·g as well (`square_marginal_rows`, rows of `inner` elements in memory order), each
+        # row right after its elements were added, while they are in cache
+        columns = np.zeros(inner, dtype=np.float64)
+        done = 0
         for r in range(runs.shape[0]):
             start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
             if length < SUM_BLOCK:
@@ -525,6 +565,10 @@ def _numba_functions() -> dict[str, Any]:
                         error[base:stop], exp_avg[base:stop], grad[base:stop], divisor[base:stop],
                         beta1, weight, scale,
                     )  # fmt: skip
+                    if inner > 0:
+                        done = square_marginal_rows(
+                            grad, stop, done, inner, scale, outer_sums, columns, scratch
+                        )
                     for q in range(count):
                         segment = error[base + q * length : base + (q + 1) * length]
                         out[first + row + q] = np.float32(_abs_sum(segment))
@@ -538,10 +582,17 @@ def _numba_functions() -> dict[str, Any]:
                         error[low:high], exp_avg[low:high], grad[low:high], divisor[low:high],
                         beta1, weight, scale,
                     )  # fmt: skip
+                    if inner > 0:
+                        done = square_marginal_rows(
+                            grad, high, done, inner, scale, outer_sums, columns, scratch
+                        )
                     total += _abs_sum(error[low:high])
                 out[first + row] = np.float32(total)
+        for j in range(inner):
+            inner_sums[j] += np.float32(columns[j])
 
     return {
+        "square_marginal_rows": square_marginal_rows,
         "add_momentum_abs_sums": add_momentum_abs_sums,
         "compress": compress,
         "accumulate": accumulate,
@@ -565,6 +616,9 @@ class NumbaKernels(CompressionKernels):
         self._term = np.empty(ACCUMULATE_BLOCK, dtype=np.float32)
         # compress's sign flags, one byte per element of a stretch (+ 8 for its first, partial byte)
         self._flags = np.zeros(SUM_BLOCK + 8, dtype=np.uint8)
+        # a source's marginals: none, and a row of (scaled) gradient
+        self._no_sums = np.zeros(0, dtype=np.float32)
+        self._row_scratch = np.empty(0, dtype=np.float32)
         # `_source_tables`, per plan and source layout
         self._tables: weakref.WeakKeyDictionary[_RunPlan, dict[tuple[Any, ...], Any]] = (
             weakref.WeakKeyDictionary()
@@ -596,7 +650,12 @@ class NumbaKernels(CompressionKernels):
         fused = self._functions["add_momentum_abs_sums"]
         beta1, weight = np.float32(source.beta1), np.float32(1.0 - source.beta1)  # fp32, as torch rounds them
         scale = np.float32(source.grad_scale)
+        marginals = source.marginals or [None] * len(tensors)
         for k, (low, high, table) in enumerate(tensors):
+            sums = marginals[k]
+            outer, inner = (self._no_sums, self._no_sums) if sums is None else (s.numpy() for s in sums)
+            if inner.shape[0] > self._row_scratch.shape[0]:
+                self._row_scratch = np.empty(inner.shape[0], dtype=np.float32)
             fused(
                 error[low:high],
                 source.exp_avgs[k].numpy(),
@@ -607,6 +666,10 @@ class NumbaKernels(CompressionKernels):
                 beta1,
                 weight,
                 scale,
+                inner.shape[0],
+                outer,
+                inner,
+                self._row_scratch[: inner.shape[0]],
             )
         for low, high, table in rest:
             self._functions["add_segment_abs_sums"](error[low:high], values[low:high], table, out)

@@ -40,9 +40,10 @@ import torch
 from torch import Tensor
 
 from pretrain.comm.kernels import MomentumSource
-from pretrain.optim.base import flat_views
+from pretrain.optim.base import Workspace, flat_views
 from pretrain.optim.blocks import Blocks
 from pretrain.optim.lamb_loops import SPAN, span_sums
+from pretrain.optim.marginals import add_square_marginals
 
 
 @functools.cache
@@ -220,12 +221,14 @@ def momentum_source(
     *,
     beta1: float,
     grad_scale: float = 1.0,
+    marginals: list[tuple[Tensor, Tensor] | None] | None = None,
 ) -> MomentumSource | None:
     """The local momenta (β1·m + (1−β1)·(s·g))/d of `preconditioned_momentum_`, not formed but handed to
     the compressed allreduce (:class:`~pretrain.comm.kernels.MomentumSource`), which forms them inside
     its first pass over ``buffer``. `exp_avgs` are views of ``buffer``, each over one stretch of it in
     memory order. None where the numba loops cannot be used (as `preconditioned_momentum_`), for the
-    caller to form them itself."""
+    caller to form them itself. ``marginals`` (per tensor, None or a matrix's (row sums, column sums), as
+    `marginals.add_square_marginals` takes them): the squares of s·g are summed into them in that pass."""
     if _numba_momentum() is None or not exp_avgs:
         return None
     flats = [_flat_alike(tensors) for tensors in zip(exp_avgs, grads, denominators)]
@@ -239,6 +242,13 @@ def momentum_source(
             return None
         offsets.append(offset)
     exp_avg_flats, grad_flats, divisor_flats = (list(x) for x in zip(*flats))  # type: ignore[arg-type]
+    oriented = None
+    if marginals is not None:  # (outer, inner) sums: rows and columns in memory order
+        oriented = [
+            None if sums is None else _memory_order_sums(g, *sums) for g, sums in zip(grads, marginals)
+        ]
+        if any(o is None for o, sums in zip(oriented, marginals) if sums is not None):
+            return None
 
     def fill(values: Tensor) -> None:  # the same x, formed into `values` (laid out like `buffer`)
         outs = [values[offset : offset + len(m)] for offset, m in zip(offsets, exp_avg_flats)]
@@ -247,6 +257,11 @@ def momentum_source(
         )
         if not formed:
             raise AssertionError("the momentum loop turned unusable")
+        for grad, sums in zip(grad_flats, oriented or []):
+            if sums is not None:
+                outer, inner = sums
+                matrix = grad.view(outer.numel(), inner.numel())
+                add_square_marginals(matrix, outer, inner, Workspace(), grad_scale)
 
     return MomentumSource(
         offsets=tuple(offsets),
@@ -256,7 +271,20 @@ def momentum_source(
         beta1=beta1,
         grad_scale=grad_scale,
         fill=fill,
+        marginals=oriented,  # type: ignore[arg-type]
     )
+
+
+def _memory_order_sums(grad: Tensor, row_sums: Tensor, col_sums: Tensor) -> tuple[Tensor, Tensor] | None:
+    """A matrix's (row sums, column sums) as (outer, inner) of its memory order: swapped for a column-major
+    one. None where they do not fit it or numba's loops cannot add to them (CPU fp32, contiguous)."""
+    if grad.dim() != 2 or any(
+        s.dtype != torch.float32 or not s.is_contiguous() for s in (row_sums, col_sums)
+    ):
+        return None
+    if (row_sums.numel(), col_sums.numel()) != tuple(grad.shape):
+        return None
+    return (row_sums, col_sums) if grad.is_contiguous() else (col_sums, row_sums)
 
 
 def _flat_alike(tensors: tuple[Tensor, ...]) -> list[Tensor] | None:

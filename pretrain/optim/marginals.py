@@ -25,33 +25,22 @@ from pretrain.optim.base import CPU_CHUNK_NUMEL, Workspace
 
 @functools.cache
 def _numba_marginals() -> Any:
-    """The numba loop, compiled on first use; None where numba cannot be used (the torch path then)."""
+    """The numba loop, compiled on first use; None where numba cannot be used (the torch path then). Its
+    rows go through `kernels`' ``square_marginal_rows``, which the compressed allreduce's fused worker pass
+    runs too (`pretrain.comm.kernels.MomentumSource`): the same sums, bit for bit, either way."""
     from pretrain.comm import kernels
 
     if kernels.numba_unavailable_reason() is not None:
         return None
     import numba
 
-    @numba.njit(cache=True, boundscheck=False, nogil=True)
-    def scaled(row, scale, out):
-        # out ← scale·row in fp32, as `g.mul_(s)` (a function of its own: no reassoc on these products)
-        for j in range(row.shape[0]):
-            out[j] = row[j] * scale
-        return out
+    rows_of = kernels._numba_functions()["square_marginal_rows"]
 
-    @numba.njit(cache=True, boundscheck=False, nogil=True, fastmath={"reassoc"})
-    def add_square_marginals(matrix, row_sums, col_sums, scale, scratch):
-        # the matrix times `scale` (1: as it is), its rows through `scratch`
-        rows, cols = matrix.shape
+    @numba.njit(cache=True, boundscheck=False, nogil=True)
+    def add_square_marginals(flat, rows, cols, row_sums, col_sums, scale, scratch):
+        # the row-major matrix `flat` [rows·cols] times `scale` (1: as it is), its rows through `scratch`
         columns = np.zeros(cols, dtype=np.float64)
-        for i in range(rows):
-            row = matrix[i] if scale == 1.0 else scaled(matrix[i], scale, scratch)
-            total = 0.0
-            for j in range(cols):
-                square = np.float64(row[j] * row[j])  # the fp32 square, as torch.mul
-                total += square
-                columns[j] += square
-            row_sums[i] += np.float32(total)
+        rows_of(flat, rows * cols, 0, cols, scale, row_sums, columns, scratch)
         for j in range(cols):
             col_sums[j] += np.float32(columns[j])
 
@@ -68,8 +57,10 @@ def add_square_marginals(
     if not matrix.is_contiguous() and matrix.t().is_contiguous():  # column-major: its transpose's rows
         matrix, row_sums, col_sums = matrix.t(), col_sums, row_sums
     if _numba_usable(matrix, row_sums, col_sums):
-        scratch = workspace.flat(matrix.shape[1], matrix.device).numpy()
-        _numba_marginals()(matrix.numpy(), row_sums.numpy(), col_sums.numpy(), np.float32(scale), scratch)
+        rows, cols = matrix.shape
+        scratch = workspace.flat(cols, matrix.device).numpy()
+        flat = matrix.reshape(-1).numpy()
+        _numba_marginals()(flat, rows, cols, row_sums.numpy(), col_sums.numpy(), np.float32(scale), scratch)
         return
     torch_add_square_marginals(matrix, row_sums, col_sums, workspace, scale)
 

@@ -605,18 +605,26 @@ class OnebitOptimizer(OptimizerBase):
         *,
         beta1: float,
         grad_scale: float = 1.0,
+        marginals: list[tuple[Tensor, Tensor] | None] | None = None,
     ) -> MomentumSource | bool:
         """k == 1 where `_fused_exchange` allows: x = (β1·m + (1−β1)·(s·g))/(√v+ε) (`grads` those of the
         segment's parameters, s = `grad_scale`), ready for `_exchange(..., divided=True)`: a
         `MomentumSource` for the exchange to form x inside its first pass (one torch thread and nothing
         exchanged transposed: `live_step.momentum_source`), or True: formed into the segment's views.
-        False (nothing changed) elsewhere: the caller forms m itself (and scales `grads` first)."""
+        False (nothing changed) elsewhere: the caller forms m itself (and scales `grads` first).
+        `marginals` (`live_step.momentum_source`) go into a source only: elsewhere the caller adds them."""
         if segment.local is not None or not self._fused_exchange(segment, kappas):
             return False
         views, divisors = segment.views, self._divisors(segment)
         if segment.transposed is None and torch.get_num_threads() == 1:
             source = momentum_source(
-                segment.buffer, views, grads, divisors, beta1=beta1, grad_scale=grad_scale
+                segment.buffer,
+                views,
+                grads,
+                divisors,
+                beta1=beta1,
+                grad_scale=grad_scale,
+                marginals=marginals,
             )
             if source is not None:
                 return source

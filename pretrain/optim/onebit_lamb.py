@@ -480,6 +480,7 @@ class OnebitLamb(OnebitOptimizer):
             self._scale_gradients(None if refresh else segment.local, grads)
         grad_scale = self._compression_grad_scale() if deferred else 1.0
         live = self._live_variance_positions(segment)
+        marginals = None
         if self.variance_refresh and self.refresh_from in (RefreshFrom.local, RefreshFrom.blocks):
             self._accumulate_squares(segment, grads)
             if refresh_now and self.refresh_from is RefreshFrom.local:
@@ -487,7 +488,10 @@ class OnebitLamb(OnebitOptimizer):
             elif refresh_now:
                 self._refresh_from_blocks(segment, live)
         elif self.variance_refresh and self.refresh_from in (RefreshFrom.factored, RefreshFrom.rank1):
-            self._accumulate_marginals(segment, grads, grad_scale)
+            if not refresh_now and segment.local is None:  # added where the local momentum is formed
+                marginals = self._marginal_targets(segment)
+            else:
+                self._accumulate_marginals(segment, grads, grad_scale)
             if refresh_now and self.refresh_from is RefreshFrom.factored:
                 self._refresh_factored(segment)
             elif refresh_now:
@@ -496,7 +500,7 @@ class OnebitLamb(OnebitOptimizer):
         if refresh:
             self._refresh_update(segment, grads, live)
         else:
-            self._compression_update(segment, grads, grad_scale)
+            self._compression_update(segment, grads, grad_scale, marginals)
         self._update_live_variance(segment, live, previous)
 
     def _defers_grad_scale(self, segment: Any, refresh: bool) -> bool:
@@ -612,16 +616,29 @@ class OnebitLamb(OnebitOptimizer):
             start += rows + cols
         return views
 
+    def _square_sums_of(self, segment: Any) -> Tensor:
+        """The workers' row and column sums ([workers, length]), allocated at first use."""
+        if self._square_sums is None:
+            length = sum(sum(segment.params[i].shape) for i in self._factored_positions(segment))
+            length += -length % self.num_processes  # worker_order_mean splits it into one chunk per process
+            workers = segment.local.shape[0] if segment.local is not None else 1
+            self._square_sums = torch.zeros(workers, length, device=segment.buffer.device)
+        return self._square_sums
+
+    def _marginal_targets(self, segment: Any) -> list[tuple[Tensor, Tensor] | None]:
+        """Per tensor of the segment: None, or the views of this worker's (row sums, column sums) its g²
+        adds to (one worker per process)."""
+        targets: list[tuple[Tensor, Tensor] | None] = [None] * len(segment.params)
+        views = self._marginal_views(self._square_sums_of(segment)[0], segment)
+        for i, sums in zip(self._factored_positions(segment), views):
+            targets[i] = sums
+        return targets
+
     def _accumulate_marginals(self, segment: Any, grads: list[Tensor], grad_scale: float = 1.0) -> None:
         """refresh_from=factored: each worker adds the row and column sums of its own g² (no bytes); g =
         `grad_scale`·grads (1 where `grads` hold the scaled gradients already)."""
         positions = self._factored_positions(segment)
-        if self._square_sums is None:
-            length = sum(sum(segment.params[i].shape) for i in positions)
-            length += -length % self.num_processes  # worker_order_mean splits it into one chunk per process
-            workers = segment.local.shape[0] if segment.local is not None else 1
-            self._square_sums = torch.zeros(workers, length, device=segment.buffer.device)
-        for worker, sums in enumerate(self._square_sums):
+        for worker, sums in enumerate(self._square_sums_of(segment)):
             own = grads if segment.local is None else segment.views_of(segment.local[worker])
             for i, (row_sums, col_sums) in zip(positions, self._marginal_views(sums, segment)):
                 add_square_marginals(own[i], row_sums, col_sums, self.workspace, grad_scale)
@@ -689,11 +706,21 @@ class OnebitLamb(OnebitOptimizer):
         for group, span in self._group_slices():
             self._compressed_update(group, segment.views[span])
 
-    def _compression_update(self, segment: Any, grads: list[Tensor], grad_scale: float = 1.0) -> None:
-        """`grad_scale` (`_defers_grad_scale`): the factor `grads` still need."""
+    def _compression_update(
+        self,
+        segment: Any,
+        grads: list[Tensor],
+        grad_scale: float = 1.0,
+        marginals: list[tuple[Tensor, Tensor] | None] | None = None,
+    ) -> None:
+        """`grad_scale` (`_defers_grad_scale`): the factor `grads` still need. `marginals`
+        (`_marginal_targets`): the square marginals still to add, in the exchange's first pass where it
+        forms the local momentum itself, else here first."""
         probing = self.probe is not None and self.probe.active
         if self._compiled_compression is not None and not probing:
             assert grad_scale == 1.0, "the compiled step takes the gradients scaled"
+            if marginals is not None:
+                self._accumulate_marginals(segment, grads)
             self._compiled_compression_step(segment, grads)
             return
         prev_exp_avgs = segment.snapshot() if self.trust_ratio is TrustRatio.frozen else segment.views
@@ -706,8 +733,10 @@ class OnebitLamb(OnebitOptimizer):
         beta1 = self.param_groups[0]["betas"][0]
         # one numba loop forms (β1·m + (1−β1)·g)/(√v+ε) where it can (`live_step`)
         prepared = len(betas) == 1 and self._preconditioned_local_momentum(
-            segment, grads, kappas, beta1=beta1, grad_scale=grad_scale
+            segment, grads, kappas, beta1=beta1, grad_scale=grad_scale, marginals=marginals
         )
+        if marginals is not None and not isinstance(prepared, MomentumSource):
+            self._accumulate_marginals(segment, grads, grad_scale)
         if segment.local is None and prepared is False:  # virtual workers: in the exchange
             # m ← β1·m + (1−β1)·(s·g) in one numba loop where it can (one beta1), else in torch ops
             momenta = self.momentum_views(segment)

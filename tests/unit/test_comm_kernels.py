@@ -360,3 +360,55 @@ def test_a_source_tensor_that_cuts_a_segment_is_refused():
     buffer, source = _source_case(plan.runs, [(0, 32), (32, 64)], 128, 1.0)
     with pytest.raises(ValueError, match="inside a segment"):
         NumbaKernels().add_scales_(torch.zeros(128), buffer, plan, torch.empty(2), source=source)
+
+
+@pytest.mark.parametrize("grad_scale", [1.0, 0.37])
+def test_the_worker_pass_sums_the_square_marginals_as_their_own_loop_does(grad_scale):
+    """A source with square marginals (1-bit LAMB's refresh_from=factored/rank1): the fused pass adds each
+    matrix's row and column sums of (s·g)² bit for bit as `marginals.add_square_marginals` does on its own
+    (a row-major matrix with a scale per row, a column-major one with a scale per column, the pad after), and
+    the torch kernels' unfused way (the source's `fill`) adds the same; the error and scales are unchanged by
+    them."""
+    from pretrain.optim.base import Workspace
+    from pretrain.optim.live_step import momentum_source
+    from pretrain.optim.marginals import add_square_marginals
+
+    runs = [Run(0, 6, 40), Run(240, 16, 30), Run(720, 1, 80)]
+    plan = _RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
+
+    def case():
+        generator = torch.Generator().manual_seed(3)
+        buffer = torch.randn(800, generator=generator)
+        views = [buffer[:240].view(6, 40), buffer[240:720].view(16, 30).t()]
+        grads = [torch.randn(6, 40, generator=generator), torch.randn(16, 30, generator=generator).t()]
+        divisors = [
+            torch.rand(6, 40, generator=generator) + 0.01,
+            torch.rand(16, 30, generator=generator).t(),
+        ]
+        sums = [(torch.rand(6, generator=generator), torch.rand(40, generator=generator))]
+        sums.append((torch.rand(30, generator=generator), torch.rand(16, generator=generator)))
+        source = momentum_source(
+            buffer, views, grads, divisors, beta1=0.9, grad_scale=grad_scale, marginals=list(sums)
+        )
+        assert source is not None and source.marginals is not None
+        return buffer, grads, sums, source
+
+    results = []
+    for implementation in (NumbaKernels(), TorchKernels(TorchSignPacker())):
+        buffer, grads, sums, source = case()
+        error, scales = _values(4, 800) * 1e-2, torch.empty(plan.num_segments)
+        implementation.add_scales_(error, buffer, plan, scales, source=source)
+        results.append((error, scales, sums))
+    _, grads, expected, _ = case()
+    for grad, (rows, cols) in zip(grads, expected):
+        add_square_marginals(grad, rows, cols, Workspace(), grad_scale)
+    for error, scales, sums in results:
+        assert torch.equal(error, results[0][0]) and torch.equal(scales, results[0][1])
+        for (rows, cols), (want_rows, want_cols) in zip(sums, expected):
+            assert torch.equal(rows, want_rows) and torch.equal(cols, want_cols)
+    # and what they are: the sums of squares, to float32 rounding
+    _, grads, start, _ = case()
+    for grad, (rows, cols), (rows0, cols0) in zip(grads, results[0][2], start):
+        squares = (grad.double() * grad_scale) ** 2
+        torch.testing.assert_close(rows.double(), rows0.double() + squares.sum(1), rtol=1e-5, atol=0)
+        torch.testing.assert_close(cols.double(), cols0.double() + squares.sum(0), rtol=1e-5, atol=0)
