@@ -13,6 +13,10 @@ takes from :mod:`pretrain.comm.norms`, so the scales, and with them every result
   sources in worker order (the server's average of the decoded worker chunks, plus its error).
 - ``decode_(packed, scales, plan, out)``: ``out ← s·sign``.
 
+``add_scales_`` may take the worker's values as a :class:`MomentumSource` instead of a filled buffer (issue
+#15): the numba kernels then form x = (β1·m + (1−β1)·s·g)/d inside their pass (and a matrix's square
+marginals), the others form x into the buffer first (``MomentumSource.fill``); the bits are the same.
+
 Three implementations compute identical bits (tested on random buffers, layouts, 2–4 workers):
 
 - :class:`TorchKernels`: torch ops, any device; the reference. Each operation is several passes

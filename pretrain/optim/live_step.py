@@ -25,6 +25,10 @@ Around the exchange (preconditioned, issue #15), two more passes fold into these
   passes instead of 8. The sum is one fused multiply-add, as ATen's vectorised ``add(alpha=)`` computes it
   on x86 (the LLVM intrinsic ``llvm.fma``), so the bits are the torch path's there; virtual workers take
   the same loop, so real ranks and virtual workers agree bit for bit wherever it runs;
+- with one torch thread and nothing exchanged transposed, `momentum_source` hands that loop's arithmetic to
+  the compressed allreduce instead (:class:`~pretrain.comm.kernels.MomentumSource`): its first pass forms x
+  while it adds x into the error buffer, so x is never stored (the same bits); without an exchange,
+  `local_momentum_` forms β1·m + (1−β1)·s·g in one loop;
 - after it, the exchange's average ū (in units of u) need not be multiplied back by √v+ε in a pass of its
   own: `live_trust_ratio_step_(..., averages=True)` forms m = ū·(√v+ε) inside both loops and stores m in
   the second (the same fp32 products as that pass, so the same bits).
