@@ -485,29 +485,30 @@ def _numba_functions() -> dict[str, Any]:
             error[i] = error[i] + values[i]
 
     @jit
-    def add_segment_abs_sums(error, values, runs, out):
-        # error ← error + values and `segment_abs_sums(error)` in one pass: each block is summed right
-        # after it is added, from L1 (the same blocks and order, so the same bits). Rows shorter than a
-        # block are added a block's worth of rows at a time (one loop instead of one per row).
-        for r in range(runs.shape[0]):
-            start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
-            if length < SUM_BLOCK:
-                group = SUM_BLOCK // length
-                for row in range(0, rows, group):
-                    base, count = start + row * length, min(group, rows - row)
-                    _add(error[base : base + count * length], values[base : base + count * length])
-                    for q in range(count):
-                        segment = error[base + q * length : base + (q + 1) * length]
-                        out[first + row + q] = np.float32(_abs_sum(segment))
-                continue
-            for row in range(rows):
-                base = start + row * length
-                total = 0.0
-                for low in range(0, length, SUM_BLOCK):
-                    block = error[base + low : base + min(low + SUM_BLOCK, length)]
-                    _add(block, values[base + low : base + min(low + SUM_BLOCK, length)])
-                    total += _abs_sum(block)
-                out[first + row] = np.float32(total)
+    def _sum_block(error, low, high, segment, count, last, out, total):
+        # A block of `sum_blocks` after its addition: `count` whole segments each summed into `out`, or a part
+        # of one added to the running float64 `total` (rounded into `out` at its last block); returns the
+        # running total. Each segment's sum: its blocks' partial sums added in order (`norms`).
+        if count > 0:
+            length = (high - low) // count
+            for q in range(count):
+                out[segment + q] = np.float32(_abs_sum(error[low + q * length : low + (q + 1) * length]))
+            return 0.0
+        total += _abs_sum(error[low:high])
+        if last:
+            out[segment] = np.float32(total)
+            return 0.0
+        return total
+
+    @jit
+    def add_segment_abs_sums(error, values, blocks, out):
+        # error ← error + values and `segment_abs_sums(error)` in one pass: each block (`sum_blocks`) is
+        # summed right after it is added, from L1 (the same blocks and order, so the same bits)
+        total = 0.0
+        for b in range(blocks.shape[0]):
+            low, high = blocks[b, 0], blocks[b, 1]
+            _add(error[low:high], values[low:high])
+            total = _sum_block(error, low, high, blocks[b, 2], blocks[b, 3], blocks[b, 4], out, total)
 
     fma = fma_intrinsic()
 
@@ -550,48 +551,34 @@ def _numba_functions() -> dict[str, Any]:
 
     @jit
     def add_momentum_abs_sums(
-        error, exp_avg, grad, divisor, runs, out, beta1, weight, scale, inner, outer_sums, inner_sums, scratch
+        error,
+        exp_avg,
+        grad,
+        divisor,
+        blocks,
+        out,
+        beta1,
+        weight,
+        scale,
+        inner,
+        outer_sums,
+        inner_sums,
+        scratch,
     ):
         # `add_segment_abs_sums` over one tensor's elements with x formed from (m, g, d): the same blocks
         # summed in the same order after the same additions, so the same bits. inner > 0: the square
         # marginals of s·g as well (`square_marginal_rows`, rows of `inner` elements in memory order), each
         # row right after its elements were added, while they are in cache
         columns = np.zeros(inner, dtype=np.float64)
-        done = 0
-        for r in range(runs.shape[0]):
-            start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
-            if length < SUM_BLOCK:
-                group = SUM_BLOCK // length
-                for row in range(0, rows, group):
-                    base, count = start + row * length, min(group, rows - row)
-                    stop = base + count * length
-                    _add_momentum(
-                        error[base:stop], exp_avg[base:stop], grad[base:stop], divisor[base:stop],
-                        beta1, weight, scale,
-                    )  # fmt: skip
-                    if inner > 0:
-                        done = square_marginal_rows(
-                            grad, stop, done, inner, scale, outer_sums, columns, scratch
-                        )
-                    for q in range(count):
-                        segment = error[base + q * length : base + (q + 1) * length]
-                        out[first + row + q] = np.float32(_abs_sum(segment))
-                continue
-            for row in range(rows):
-                base = start + row * length
-                total = 0.0
-                for offset in range(0, length, SUM_BLOCK):
-                    low, high = base + offset, base + min(offset + SUM_BLOCK, length)
-                    _add_momentum(
-                        error[low:high], exp_avg[low:high], grad[low:high], divisor[low:high],
-                        beta1, weight, scale,
-                    )  # fmt: skip
-                    if inner > 0:
-                        done = square_marginal_rows(
-                            grad, high, done, inner, scale, outer_sums, columns, scratch
-                        )
-                    total += _abs_sum(error[low:high])
-                out[first + row] = np.float32(total)
+        done, total = 0, 0.0
+        for b in range(blocks.shape[0]):
+            low, high = blocks[b, 0], blocks[b, 1]
+            _add_momentum(
+                error[low:high], exp_avg[low:high], grad[low:high], divisor[low:high], beta1, weight, scale
+            )
+            if inner > 0:
+                done = square_marginal_rows(grad, high, done, inner, scale, outer_sums, columns, scratch)
+            total = _sum_block(error, low, high, blocks[b, 2], blocks[b, 3], blocks[b, 4], out, total)
         for j in range(inner):
             inner_sums[j] += np.float32(columns[j])
 
@@ -640,7 +627,8 @@ class NumbaKernels(CompressionKernels):
             return super().add_scales_(error, values, plan, out, source)
         # the 1-norms of `plan.scales` (pretrain.comm.norms), fused with the addition: same bits
         if source is None:
-            self._functions["add_segment_abs_sums"](error.numpy(), values.numpy(), plan.table, out.numpy())
+            blocks = self._blocks_of(plan)
+            self._functions["add_segment_abs_sums"](error.numpy(), values.numpy(), blocks, out.numpy())
         else:
             self._add_source(error.numpy(), values.numpy(), plan, out.numpy(), source)
         return out.div_(plan.segment_divisors)
@@ -678,11 +666,18 @@ class NumbaKernels(CompressionKernels):
         for low, high, table in rest:
             self._functions["add_segment_abs_sums"](error[low:high], values[low:high], table, out)
 
+    def _blocks_of(self, plan: _RunPlan) -> np.ndarray:
+        """`sum_blocks` of the plan's runs, computed once per plan."""
+        tables = self._tables.setdefault(plan, {})
+        if ("blocks",) not in tables:
+            tables[("blocks",)] = sum_blocks(plan.table)
+        return tables[("blocks",)]
+
     def _source_tables(
         self, plan: _RunPlan, source: MomentumSource
     ) -> tuple[list[tuple[int, int, np.ndarray]], list[tuple[int, int, np.ndarray]]]:
-        """(low, high, run table relative to low with absolute segment indices) per source tensor, and for
-        the stretches between them (the pad); computed once per plan and source layout. Raises ValueError
+        """(low, high, `sum_blocks` relative to low with absolute segment indices) per source tensor, and
+        for the stretches between them (the pad); computed once per plan and source layout. Raises ValueError
         where a tensor would cut a segment (the sums would differ)."""
         lengths = tuple(g.shape[0] for g in source.grads)
         key = (source.offsets, lengths)
@@ -696,7 +691,7 @@ class NumbaKernels(CompressionKernels):
                 raise ValueError(f"elements [{low}, {high}) are not tiled by the plan's runs")
             rows = run_table(runs)
             rows[:, 3] += first
-            return low, high, rows
+            return low, high, sum_blocks(rows)
 
         bounds = sorted(zip(source.offsets, (o + n for o, n in zip(source.offsets, lengths))))
         if list(bounds) != [(o, o + n) for o, n in zip(source.offsets, lengths)]:
@@ -709,7 +704,8 @@ class NumbaKernels(CompressionKernels):
             if low > position:
                 gaps.append(table(position, low))
             position = high
-        segments = sum(rows[:, 1].sum() for _, _, rows in tensors + gaps)
+        blocks = [rows for _, _, rows in tensors + gaps]
+        segments = sum(int(np.maximum(rows[:, 3], rows[:, 4]).sum()) for rows in blocks)  # each ends once
         if segments != plan.num_segments:  # a tensor boundary inside a segment would split it
             raise ValueError("a source tensor starts or ends inside a segment of the plan")
         self._tables[plan][key] = (tensors, gaps)
@@ -763,6 +759,29 @@ class NumbaKernels(CompressionKernels):
             out.numpy().view(np.uint32),
             self._signs,
         )
+
+
+def sum_blocks(runs: np.ndarray) -> np.ndarray:
+    """The blocks the fused worker pass adds and sums, for a run table (`layout.run_table`): [B, 5] int64 rows
+    (low, high, segment, count, last). count > 0: ``count`` whole segments of (high − low)/count elements from
+    segment ``segment`` on, each summed on its own; count == 0: elements [low, high) of segment ``segment``,
+    which ends with this block where last == 1. Segments shorter than `SUM_BLOCK` go `SUM_BLOCK` // length
+    to a block, longer ones in blocks of `SUM_BLOCK` from their start (the norms' order,
+    `pretrain.comm.norms`)."""
+    blocks = []
+    for start, rows, length, first in runs.tolist():
+        if length < SUM_BLOCK:
+            group = SUM_BLOCK // length
+            for row in range(0, rows, group):
+                count, base = min(group, rows - row), start + row * length
+                blocks.append((base, base + count * length, first + row, count, 1))
+            continue
+        for row in range(rows):
+            base = start + row * length
+            for offset in range(0, length, SUM_BLOCK):
+                end = min(offset + SUM_BLOCK, length)
+                blocks.append((base + offset, base + end, first + row, 0, int(end == length)))
+    return np.asarray(blocks, dtype=np.int64).reshape(-1, 5)
 
 
 def numba_unavailable_reason() -> str | None:
