@@ -158,7 +158,7 @@ bench: setup
 bench-net: setup
 	$(PY) -m bench net $(ARGS)
 	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench net --part=e2e --compile)
-	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench net --part=e2e --keep-host-memory)
+	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench net --part=e2e --no-keep-host-memory)
 	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench scaling)
 
 # tests/reliability with 10 kill points (CI's `make test` runs them with 3); ARGS=--ci for CI's subset

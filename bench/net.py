@@ -345,7 +345,7 @@ def _train_worker(
     warmup_steps: int,
     steps: int,
     compile: bool = False,
-    keep_host_memory: bool = False,
+    keep_host_memory: bool = True,
 ) -> dict:
     """Runs inside a rank's namespace: for each round and variant, a fresh trainer, `warmup_steps`
     untimed and `steps` timed `Trainer.train_step` calls. One process for all variants: no repeated
@@ -355,6 +355,7 @@ def _train_worker(
     from hydra import compose, initialize_config_dir
 
     from data.config import REPO_ROOT
+    from pretrain import host_memory
     from pretrain.config import to_object
     from pretrain.distributed import init_distributed
     from pretrain.trainer import Trainer
@@ -385,7 +386,7 @@ def _train_worker(
                 f"batch.phases.0.freeze_step={1 if variant == 'onebit_lamb' else 'null'}",
                 *(["optim.grad_allreduce=bfloat16"] if variant == "lamb_bf16" else []),
                 *(["optim.compile=true"] if compile else []),
-                *(["keep_host_memory=true"] if keep_host_memory else []),
+                f"keep_host_memory={str(keep_host_memory).lower()}",
             ]
             with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
                 cfg = to_object(compose(config_name="pretrain", overrides=overrides))
@@ -421,9 +422,9 @@ def _train_worker(
                 trainer.data.close()
             del trainer, phase
             gc.collect()
+            # the next variant's shapes do not fit the kept heap's fragments: start it from a released heap
+            host_memory.release_freed_memory()
             results[variant]["rss_bytes_after_release"] = psutil.Process().memory_info().rss
-    from pretrain import host_memory
-
     return {"variants": results, "peak_rss_bytes": _peak_rss(), "host_memory_kept": host_memory.kept()}
 
 
@@ -443,11 +444,11 @@ def _e2e_records(
     rounds: int,
     quick: bool,
     compile: bool = False,
-    keep_host_memory: bool = False,
+    keep_host_memory: bool = True,
 ) -> list[Record]:
     print(
         f"[bench net] e2e {model} n={world_size} {rate}{' compiled' if compile else ''}"
-        f"{' keep_host_memory' if keep_host_memory else ''}: "
+        f"{'' if keep_host_memory else ' keep_host_memory=false'}: "
         f"{', '.join(VARIANTS)} x {rounds} round(s)",
         flush=True,
     )
@@ -512,8 +513,9 @@ def _e2e_records(
         "rounds": rounds,
         "quick": quick,
         "compile": compile,  # optim.compile for every variant (LAMB's and 1-bit LAMB's compiled steps)
-        # keep_host_memory=true for every variant: glibc keeps freed memory (pretrain/host_memory.py), so a
-        # step's large temporaries fault no fresh pages (a CPU-only cost: GPUs allocate through CUDA's cache)
+        # keep_host_memory (the default since 2026-11-27) for every variant: glibc keeps freed memory
+        # (pretrain/host_memory.py), so a step's large temporaries fault no fresh pages (a CPU-only cost: GPUs
+        # allocate through CUDA's cache); false: the faulting reference (--no-keep-host-memory)
         "keep_host_memory": keep_host_memory,
         "host_memory_kept_per_rank": [r["host_memory_kept"] for r in per_rank],
         "no_comm_bound": "LAMB with GradientSync.communicate=False: same compute, gradient allreduce skipped",
@@ -598,10 +600,11 @@ def main(argv: list[str]) -> None:
         help="e2e with optim.compile=true for every variant: net_e2e_compiled.json",
     )
     parser.add_argument(
-        "--keep-host-memory",
+        "--no-keep-host-memory",
         action="store_true",
-        help="e2e with keep_host_memory=true for every variant (glibc keeps freed memory: no page faults "
-        "per step, a CPU-only cost; more memory per rank): net_e2e[_compiled]_keep_host_memory.json",
+        help="e2e with keep_host_memory=false for every variant (glibc unmaps freed large blocks: the step's "
+        "large temporaries fault fresh pages, as before 2026-11-27): "
+        "net_e2e[_compiled]_no_keep_host_memory.json",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -649,9 +652,9 @@ def main(argv: list[str]) -> None:
                     rounds,
                     args.quick,
                     args.compile,
-                    args.keep_host_memory,
+                    not args.no_keep_host_memory,
                 )
-        kept = "_keep_host_memory" if args.keep_host_memory else ""
+        kept = "_no_keep_host_memory" if args.no_keep_host_memory else ""
         write_records(f"net_e2e{'_compiled' if args.compile else ''}{kept}{suffix}", records, args.out)
 
 

@@ -162,8 +162,8 @@ class TrainConfig:
     # (pretrain/diagnostics.py), at log steps; costs an fp32 allreduce of the momentum there (not counted)
     diagnostics: bool = False
     # CPU runs: glibc keeps freed memory for reuse instead of unmapping it (pretrain/host_memory.py): no page
-    # faults per step from large temporaries, at the cost of a fragmented heap (more memory per rank)
-    keep_host_memory: bool = False
+    # faults per step from large temporaries; the same peak memory per rank in one-optimizer runs
+    keep_host_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.log_every < 1:

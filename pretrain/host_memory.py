@@ -1,24 +1,27 @@
-"""Host memory on CPU runs (opt-in, ``keep_host_memory=true``): keep freed memory in the process.
+"""Host memory on CPU runs (``keep_host_memory``, on by default): keep freed memory in the process.
 
 glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and
-unmaps it again on ``free``. A training step allocates many buffers larger than that and frees them before
-the next step (BERT-Base: the tied word embedding's 94 MB gradient sum, optimizer scratch), so every step
-touches freshly mapped pages: ~77,000 page faults per 1-bit LAMB step and rank at 2 ranks on the 2-core
-bench machine (~250,000 before that step's own matrix-sized temporaries went). ``keep_freed_memory()``
-turns that off (``mallopt``: no mmap'd chunks, no trimming of the heap), so freed blocks are reused and a
-warm step faults no pages at all.
+unmaps it again on ``free``, and trims the top of its heap when enough of it is free. A training step
+allocates buffers larger than that and frees them before the next step (BERT-Base: the tied word
+embedding's two 94 MB gradients, optimizer scratch), so every step touches freshly mapped pages: 82,000 to
+91,000 page faults per 1-bit LAMB step and rank at 4 ranks on the 2-core bench machine, 46,000 for LAMB
+(exactly the two 94 MB gradients; `strace` shows their two 89.4 MiB ``munmap`` calls per step).
+``keep_freed_memory()`` turns that off (``mallopt``: no mmap'd chunks, no trimming of the heap), so freed
+blocks are reused and a warm step faults (almost) no pages.
 
-Measured (``python -m bench net --part=e2e``, 2026-11-26, BERT-Base at 1 Gbit/s, commit d24dfb3 where it
-was the default): LAMB's no-communication bound ran 1.214 samples/s against 1.018 in the run before it, and
-1-bit LAMB reached 1.86x LAMB at 2 ranks (1.46x before). The price is memory: glibc's heap fragments
-(PyTorch's aligned allocations cannot reuse a freed block of exactly their size until neighbours
-coalesce), +0.1 to +0.45 GB per rank at 4 eager ranks, and BERT-Base at 4 ranks with ``optim.compile``
-ran out of the machine's 24 GB. Hence opt-in: for runs with memory to spare. Transparent huge pages
-(PyTorch's ``THP_MEM_ALLOC_ENABLE=1``) cut the faults only to ~30,000 per step and made every variant
-slower in the same benchmark (the bound 0.83 samples/s), so they are not used.
+Measured (2026-11-27, BERT-Base at 1 Gbit/s, one optimizer per process as in a real run, 4 ranks on 2
+cores): a 1-bit LAMB step 3.92 s without against 3.25 s with it, and the same peak RSS per rank (4.49-4.64
+GiB against 4.51-4.64); compiled, 4.16 against 3.83 s, peak 4.97-5.22 against 4.99-5.16 GiB. Hence on by
+default. It costs memory only where one process runs models of different shapes one after another (the
+heap keeps the fragments of the first for the second): `bench net`'s e2e runs four variants per process
+and calls ``release_freed_memory()`` between them. An earlier measurement in such a process (+0.1 to +0.45
+GB per rank, 4 compiled ranks out of this 24 GB machine) is why it was opt-in until 2026-11-27.
+Transparent huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE=1``) cut the faults only to ~30,000 per step and
+made every variant slower in the same benchmark, so they are not used.
 
 Only glibc has these knobs; elsewhere (musl, macOS) this is a no-op that says so. GPU runs allocate their
-tensors through CUDA's caching allocator and do not need it.
+tensors through CUDA's caching allocator (which keeps freed blocks in the same way) and the trainer leaves
+malloc alone there.
 """
 
 from __future__ import annotations
@@ -63,3 +66,16 @@ def keep_freed_memory() -> bool:
 def kept() -> bool:
     """Whether `keep_freed_memory()` applied in this process."""
     return bool(_applied)
+
+
+def release_freed_memory() -> bool:
+    """Give the heap's free memory back to the system now (``malloc_trim(0)``: the free top of the heap and
+    the free pages inside it), e.g. between two models in one process. Returns whether any was released."""
+    if not _applied:
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(malloc_trim(0))

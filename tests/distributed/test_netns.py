@@ -160,17 +160,17 @@ def test_quick_allreduce_measurement_is_rate_limited_and_counts_bytes(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_e2e_with_kept_host_memory_applies_it_on_every_rank(tmp_path):
-    """`bench net --part=e2e --keep-host-memory`: every variant's trainer runs with keep_host_memory=true
-    (glibc really told on each rank), and the records go to a file of their own."""
+def test_quick_e2e_without_kept_host_memory_leaves_malloc_alone_on_every_rank(tmp_path):
+    """`bench net --part=e2e --no-keep-host-memory`: every variant's trainer runs with keep_host_memory=false
+    (glibc left as it is on each rank: the faulting reference), and the records go to a file of their own."""
     import json
 
     import bench.net
 
-    bench.net.main(["--part=e2e", "--quick", "--keep-host-memory", f"--out={tmp_path}"])
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["net_e2e_keep_host_memory_quick.json"]
-    records = json.loads((tmp_path / "net_e2e_keep_host_memory_quick.json").read_text())
+    bench.net.main(["--part=e2e", "--quick", "--no-keep-host-memory", f"--out={tmp_path}"])
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["net_e2e_no_keep_host_memory_quick.json"]
+    records = json.loads((tmp_path / "net_e2e_no_keep_host_memory_quick.json").read_text())
     config = records[0]["config"]
-    assert config["keep_host_memory"] is True and config["host_memory_kept_per_rank"] == [True, True]
+    assert config["keep_host_memory"] is False and config["host_memory_kept_per_rank"] == [False, False]
     assert config["variants"]["onebit_lamb"]["stage"] == "compression"
     assert all(variant["samples_per_s"] > 0 for variant in config["variants"].values())
