@@ -122,8 +122,9 @@ def _torch_optimizer_note() -> str | None:
 # the project's default exchange and trust ratio (conf/optim/onebit_lamb.yaml)
 DEFAULT_ONEBIT = dict(
     compression="per_column", precondition=True, sign_scale="mean_abs", trust_ratio="live",
-    exact_vectors=True, scale_dtype="bfloat16",
-)  # fmt: skip
+    exact_vectors=True, scale_dtype="bfloat16", warmup="nvlamb", live_vector_variance=True,
+    variance_refresh=64, refresh_from="rank1",
+)  # fmt: skip  # conf/optim/onebit_lamb.yaml's (the refresh: its 63 of 64 steps that add the marginals)
 
 
 def _onebit_in_compression(groups: list[dict], **options: Any) -> OnebitLamb:

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from pretrain.comm.kernels import MomentumSource
 from pretrain.optim.base import Workspace, flat_views
-from pretrain.optim.blocks import Blocks
+from pretrain.optim.blocks import Blocks, run_shared, shares
 from pretrain.optim.lamb_loops import SPAN, span_sums
 from pretrain.optim.marginals import add_square_marginals
 
@@ -136,6 +136,9 @@ def _numba_loops() -> Any:
     return square_norms_rooted, square_norms, apply_, square_norms_of_averages, apply_averages_
 
 
+MARGINAL_BLOCK = 1 << 13  # elements per block of `local_momentum_`'s loop with the square marginals
+
+
 @functools.cache
 def _numba_momentum() -> Any:
     """The `preconditioned_momentum_` loop compiled on first use; None where numba cannot be used."""
@@ -159,7 +162,23 @@ def _numba_momentum() -> Any:
         for i in range(exp_avg.shape[0]):
             exp_avg[i] = fma(weight, grad[i] * scale, beta1 * exp_avg[i])
 
-    return momentum_, plain_momentum_
+    rows_of = kernels._numba_functions()["square_marginal_rows"]
+
+    @numba.njit(cache=True, boundscheck=False, nogil=True)
+    def plain_momentum_marginals_(exp_avg, grad, beta1, weight, scale, inner, outer, inner_sums, scratch):
+        # plain_momentum_ over a matrix (rows of `inner` elements in memory order) a cache-sized block at a
+        # time, each block's whole rows of (s·g)² added into the marginals right after it, from cache: the
+        # rows in order through `square_marginal_rows`, as `marginals.add_square_marginals` adds them
+        columns = np.zeros(inner, dtype=np.float64)
+        done, numel = 0, exp_avg.shape[0]
+        for low in range(0, numel, MARGINAL_BLOCK):
+            high = min(low + MARGINAL_BLOCK, numel)
+            plain_momentum_(exp_avg[low:high], grad[low:high], beta1, weight, scale)
+            done = rows_of(grad, high, done, inner, scale, outer, columns, scratch)
+        for j in range(inner):
+            inner_sums[j] += np.float32(columns[j])
+
+    return momentum_, plain_momentum_, plain_momentum_marginals_
 
 
 def preconditioned_momentum_(
@@ -195,17 +214,30 @@ def preconditioned_momentum_(
 
 
 def local_momentum_(
-    exp_avgs: list[Tensor], grads: list[Tensor], *, beta1: float, grad_scale: float = 1.0
+    exp_avgs: list[Tensor],
+    grads: list[Tensor],
+    *,
+    beta1: float,
+    grad_scale: float = 1.0,
+    marginals: list[tuple[Tensor, Tensor] | None] | None = None,
 ) -> bool:
     """m ← β1·m + (1−β1)·(s·g) per tensor (`functional.local_momentum_`, s = ``grad_scale``) in one numba
     loop each: one fused multiply-add, as ATen's ``add(alpha=)`` on x86, so the bits of the torch ops there
-    (two passes over m). Returns False, changing nothing, where the loop cannot be used."""
+    (two passes over m). ``marginals`` (per tensor, None or a matrix's (row sums, column sums), as
+    `marginals.add_square_marginals` takes them): the squares of s·g are summed into them in the same loop,
+    block by block from cache (the same sums as that function's), each such matrix whole on one thread.
+    Returns False, changing nothing, where the loop cannot be used (marginals included)."""
     loops = _numba_momentum()
     if loops is None or not exp_avgs:
         return False
     flats = [_flat_alike(tensors) for tensors in zip(exp_avgs, grads)]
     if any(f is None for f in flats):
         return False
+    oriented: list[tuple[Tensor, Tensor] | None] = [None] * len(flats)
+    if marginals is not None:  # (outer, inner) sums: rows and columns in memory order
+        oriented = [None if m is None else _memory_order_sums(g, *m) for g, m in zip(grads, marginals)]
+        if any(o is None for o, sums in zip(oriented, marginals) if sums is not None):
+            return False
     decay, weight, scale = np.float32(beta1), np.float32(1.0 - beta1), np.float32(grad_scale)
     arrays = [[t.numpy() for t in flat] for flat in flats]  # type: ignore[union-attr]
 
@@ -213,7 +245,18 @@ def local_momentum_(
         exp_avg, grad = (x[start:stop] for x in arrays[k])
         loops[1](exp_avg, grad, decay, weight, scale)
 
-    Blocks([m.shape[0] for m, _ in arrays]).run(momentum)
+    # the matrices with marginals take no blocks here: each is one piece of work below
+    Blocks([0 if o is not None else m.shape[0] for (m, _), o in zip(arrays, oriented)]).run(momentum)
+    folded = [k for k, o in enumerate(oriented) if o is not None]
+
+    def momentum_marginals(j: int) -> None:
+        k = folded[j]
+        (exp_avg, grad), (outer, inner) = arrays[k], oriented[k]  # type: ignore[misc]
+        scratch = np.empty(inner.numel(), dtype=np.float32)
+        loops[2](exp_avg, grad, decay, weight, scale, inner.numel(), outer.numpy(), inner.numpy(), scratch)
+
+    sizes = [arrays[k][0].shape[0] for k in folded]
+    run_shared(momentum_marginals, shares(sizes, torch.get_num_threads()), len(folded))
     return True
 
 

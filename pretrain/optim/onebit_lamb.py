@@ -735,12 +735,18 @@ class OnebitLamb(OnebitOptimizer):
         prepared = len(betas) == 1 and self._preconditioned_local_momentum(
             segment, grads, kappas, beta1=beta1, grad_scale=grad_scale, marginals=marginals
         )
-        if marginals is not None and not isinstance(prepared, MomentumSource):
+        # without an exchange to take them, the marginals go into the local momentum's loop (`live_step`)
+        folded = marginals if segment.local is None and prepared is False and len(betas) == 1 else None
+        if marginals is not None and not isinstance(prepared, MomentumSource) and folded is None:
             self._accumulate_marginals(segment, grads, grad_scale)
         if segment.local is None and prepared is False:  # virtual workers: in the exchange
             # m ← β1·m + (1−β1)·(s·g) in one numba loop where it can (one beta1), else in torch ops
             momenta = self.momentum_views(segment)
-            formed = len(betas) == 1 and local_momentum_(momenta, grads, beta1=beta1, grad_scale=grad_scale)
+            formed = len(betas) == 1 and local_momentum_(
+                momenta, grads, beta1=beta1, grad_scale=grad_scale, marginals=folded
+            )
+            if not formed and folded is not None:  # from the gradients as they are, before any scaling
+                self._accumulate_marginals(segment, grads, grad_scale)
             if not formed and grad_scale != 1.0:
                 torch._foreach_mul_(grads, grad_scale)
             for group, span in [] if formed else self._group_slices():

@@ -147,6 +147,55 @@ def test_the_local_momentum_loop_is_the_torch_ops_fused(column_major, grad_scale
     assert all(torch.equal(m, b) for m, b in zip(mixed, before))
 
 
+@pytest.mark.parametrize("column_major", [False, True])
+@pytest.mark.parametrize("grad_scale", [1.0, 0.37])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_local_momentum_loop_takes_the_square_marginals_with_the_same_bits(
+    column_major, grad_scale, threads
+):
+    """`local_momentum_(..., marginals=)` (1-bit LAMB at one process with the rank-1/factored refresh): the
+    momentum and the matrices' square marginals of s·g in one loop give the bits of the momentum loop
+    followed by `marginals.add_square_marginals`, on one thread or shared out; a matrix whose sums do not
+    fit is declined with nothing changed."""
+    from pretrain.optim.base import Workspace
+    from pretrain.optim.marginals import add_square_marginals
+
+    # a matrix longer than the loop's blocks, so its rows straddle them
+    shapes = [*SHAPES, (300, 70)]
+    generator = torch.Generator().manual_seed(3)
+
+    def make(shape):
+        if column_major and len(shape) == 2:
+            return torch.randn(shape[::-1], generator=generator).t()
+        return torch.randn(shape, generator=generator)
+
+    exp_avgs, grads = [make(s) for s in shapes], [make(s) for s in shapes]
+    sums = [(torch.rand(s[0]), torch.rand(s[1])) if len(s) == 2 else None for s in shapes]
+    sums[0] = None  # a matrix without marginals takes the plain blocks
+    want_m = [m.clone() for m in exp_avgs]
+    want_sums = [None if x is None else (x[0].clone(), x[1].clone()) for x in sums]
+    assert local_momentum_(want_m, grads, beta1=0.9, grad_scale=grad_scale)
+    for g, x in zip(grads, want_sums):
+        if x is not None:
+            add_square_marginals(g, x[0], x[1], Workspace(), grad_scale)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert local_momentum_(exp_avgs, grads, beta1=0.9, grad_scale=grad_scale, marginals=sums)
+    finally:
+        torch.set_num_threads(previous)
+    assert all(torch.equal(m, w) for m, w in zip(exp_avgs, want_m))
+    for got, want in zip(sums, want_sums):
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    bad = [None] * len(shapes)
+    bad[-1] = (torch.zeros(3), torch.zeros(70))  # row sums of the wrong length
+    before = [m.clone() for m in exp_avgs]
+    assert not local_momentum_(exp_avgs, grads, beta1=0.9, marginals=bad)
+    assert all(torch.equal(m, b) for m, b in zip(exp_avgs, before))
+
+
 def test_preconditioned_momentum_declines_what_it_cannot_take():
     _, exp_avgs, divisors = _tensors(False)
     before = [m.clone() for m in exp_avgs]
@@ -228,3 +277,47 @@ def test_onebit_lamb_fuses_around_the_exchange_and_takes_the_same_steps(monkeypa
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-9)
             torch.testing.assert_close(m, n, rtol=1e-5, atol=1e-9)
     assert averages == [True] * 3 + [False] * 3  # the fused run's live steps took ū, the other's m
+
+
+def test_one_process_onebit_lamb_takes_the_refresh_marginals_in_its_momentum_loop(monkeypatch):
+    """1-bit LAMB at one process with the rank-1 refresh: the marginals go into the local momentum's loop
+    (no separate pass over the gradients), and the run is bit for bit the one with the separate pass,
+    refresh steps included."""
+    import pretrain.optim.onebit_lamb as onebit_lamb
+    from pretrain.optim.onebit_lamb import OnebitLamb
+
+    def run(fold: bool) -> tuple[list[torch.Tensor], int]:
+        separate = []
+        original = OnebitLamb._accumulate_marginals
+
+        def accumulate(self, *args, **kwargs):
+            separate.append(1)
+            return original(self, *args, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(OnebitLamb, "_accumulate_marginals", accumulate)
+            if not fold:  # the loop declines marginals: the optimizer's separate pass
+                patch.setattr(
+                    onebit_lamb,
+                    "local_momentum_",
+                    lambda *a, marginals=None, **k: marginals is None and local_momentum_(*a, **k),
+                )
+            generator = torch.Generator().manual_seed(0)
+            params = [
+                torch.nn.Parameter(torch.randn(s, generator=generator)) for s in [(300, 70), (70,), (64, 32)]
+            ]
+            optimizer = OnebitLamb(
+                [{"params": params}], lr=1e-3, freeze_step=1, coeff_beta=0.5, compression="per_column",
+                precondition=True, trust_ratio="live", exact_vectors=True, warmup="nvlamb",
+                live_vector_variance=True, variance_refresh=2, refresh_from="rank1",
+            )  # fmt: skip
+            for _ in range(7):  # the warmup, then six compression steps (three refreshes)
+                for p in params:
+                    p.grad = torch.randn(p.shape, generator=generator)
+                optimizer.step()
+        return [p.detach().clone() for p in params], len(separate)
+
+    folded, separate_passes = run(fold=True)
+    reference, reference_passes = run(fold=False)
+    assert all(torch.equal(a, b) for a, b in zip(folded, reference))
+    assert reference_passes > separate_passes  # the separate pass ran without the fold, less often with it
