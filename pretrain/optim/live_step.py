@@ -233,11 +233,9 @@ def local_momentum_(
     flats = [_flat_alike(tensors) for tensors in zip(exp_avgs, grads)]
     if any(f is None for f in flats):
         return False
-    oriented: list[tuple[Tensor, Tensor] | None] = [None] * len(flats)
-    if marginals is not None:  # (outer, inner) sums: rows and columns in memory order
-        oriented = [None if m is None else _memory_order_sums(g, *m) for g, m in zip(grads, marginals)]
-        if any(o is None for o, sums in zip(oriented, marginals) if sums is not None):
-            return False
+    oriented = _oriented_marginals(grads, marginals) if marginals is not None else [None] * len(flats)
+    if oriented is None:
+        return False
     decay, weight, scale = np.float32(beta1), np.float32(1.0 - beta1), np.float32(grad_scale)
     arrays = [[t.numpy() for t in flat] for flat in flats]  # type: ignore[union-attr]
 
@@ -290,11 +288,9 @@ def momentum_source(
         offsets.append(offset)
     exp_avg_flats, grad_flats, divisor_flats = (list(x) for x in zip(*flats))  # type: ignore[arg-type]
     oriented = None
-    if marginals is not None:  # (outer, inner) sums: rows and columns in memory order
-        oriented = [
-            None if sums is None else _memory_order_sums(g, *sums) for g, sums in zip(grads, marginals)
-        ]
-        if any(o is None for o, sums in zip(oriented, marginals) if sums is not None):
+    if marginals is not None:
+        oriented = _oriented_marginals(grads, marginals)
+        if oriented is None:
             return None
 
     def fill(values: Tensor) -> None:  # the same x, formed into `values` (laid out like `buffer`)
@@ -320,6 +316,17 @@ def momentum_source(
         fill=fill,
         marginals=oriented,  # type: ignore[arg-type]
     )
+
+
+def _oriented_marginals(
+    grads: list[Tensor], marginals: list[tuple[Tensor, Tensor] | None]
+) -> list[tuple[Tensor, Tensor] | None] | None:
+    """Per tensor, None or its (row sums, column sums) as (outer, inner) of its memory order
+    (`_memory_order_sums`); None where any given pair does not fit."""
+    oriented = [None if sums is None else _memory_order_sums(g, *sums) for g, sums in zip(grads, marginals)]
+    if any(o is None for o, sums in zip(oriented, marginals) if sums is not None):
+        return None
+    return oriented
 
 
 def _memory_order_sums(grad: Tensor, row_sums: Tensor, col_sums: Tensor) -> tuple[Tensor, Tensor] | None:
