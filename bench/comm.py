@@ -69,21 +69,29 @@ def _traffic_worker(rank: int, world_size: int, numel: int, num_calls: int) -> d
     return {"traffic": engine.traffic.as_dict(), "mode": engine.collective_mode.value, "numel": engine.numel}
 
 
-def default_layout_options(numel: int, world_size: int) -> tuple[int, dict[str, Any]]:
-    """The padded length and the engine options of the `optim=onebit_lamb` default's exchange for BERT-Large
-    (`numel` = its parameter count) or, for another `numel`, for BERT-mini shapes (4 layers, hidden 256;
-    11M parameters: the quick run)."""
+MODEL_SHAPES = {
+    "bert_large": dict(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    ),
+    "bert_base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "bert_mini": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+}
+
+
+def default_layout_options(
+    numel: int, world_size: int, model: str | None = None
+) -> tuple[int, dict[str, Any]]:
+    """The padded length and the engine options of the `optim=onebit_lamb` default's exchange for ``model``
+    (a `MODEL_SHAPES` key); without one, BERT-Large where `numel` is its parameter count, else BERT-mini
+    shapes (4 layers, hidden 256; 11M parameters: the quick run)."""
     from transformers import BertConfig, BertForPreTraining
 
     from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
     from pretrain.optim.onebit import Compression, ExchangeOptions
     from pretrain.optim.params import param_groups
 
-    large = numel == BERT_LARGE_NUMEL
-    if large:
-        shape = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-    else:
-        shape = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    model = model or ("bert_large" if numel == BERT_LARGE_NUMEL else "bert_mini")
+    shape = MODEL_SHAPES[model]
     config = BertConfig(vocab_size=30522, **shape)
     with torch.device("meta"):
         model = BertForPreTraining(config)

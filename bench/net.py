@@ -17,13 +17,18 @@ compressed call, the ring formula 2(n-1)/n x bytes for the plain ones), the inte
 the tbf qdisc's "Sent" bytes (`tc -s qdisc`, which counts every segment's headers). Records: compressed
 seconds vs fp32 (target ratio <= 1/20 at 1 Gbit/s for BERT-Large) and vs fp16, per rate; bytes on the
 wire compressed vs fp32; the single-thread memory bandwidth (calibrates the scaling model's compression
-cost). A (size, ranks) pair that would not fit in the available memory is skipped and says so.
+cost). Where memory allows, also the exchange `optim=onebit_lamb` runs (its layout for the size's model:
+per-column and per-row scales, exact vectors, bfloat16 scales, mean |y|) with both compressions fused and
+sent stretch by stretch, against fp32 (target at 1 Gbit/s for BERT-Large: >= 10x, stretch 20x) and against
+the same call with its passes separate (`compressed_default_vs_separate_passes`: ratio < 1). A (size,
+ranks) pair that would not fit in the available memory is skipped and says so.
 
 Part 2, `e2e` (net_e2e.json): training samples/s of BERT-Base at seq 128 with a small micro batch at
 1 Gbit/s, 2 and 4 ranks: LAMB (fp32 gradient allreduce overlapped with backward) vs 1-bit LAMB in its
 compression stage (freeze_step=1, measured after it) vs the no-communication bound (LAMB with the
 gradient allreduce skipped: `GradientSync.communicate = False`, a benchmark-only switch). Each step is
-`Trainer.train_step` between two barriers (so the slowest rank counts); the median over steps. Timed
+`Trainer.train_step` between two barriers (so the slowest rank counts); the median over steps, after
+`E2E_WARMUP_STEPS` untimed ones per variant and round (1-bit LAMB's one-time costs: below). Timed
 steps log nothing, as in a real run; the phase breakdown (data, forward/backward, optimizer,
 communication) comes from 2 log steps after them. Targets (issue #15): 1-bit LAMB >= 2.0x LAMB and
 >= 0.8x the bound. Every rank has one thread: the machine has 2 cores, so
@@ -61,6 +66,12 @@ OPERATIONS = ("fp32", "fp16", "compressed")
 TORCH_KERNELS = "compressed_torch"
 UNPIPELINED = "compressed_unpipelined"
 PEERS = {TORCH_KERNELS: {"kernels": "torch", "pipeline": 0}, UNPIPELINED: {"pipeline": 0}}
+# The exchange `optim=onebit_lamb` runs (per-column and per-row scales, the 1-D tensors exact, bfloat16
+# scales, mean |y|: `bench.comm.default_layout_options` for the size's model): both compressions fused, sent
+# stretch by stretch (issue #15), and its peer with the passes separate (`fuse_worker_pass=False`).
+DEFAULT = "compressed_default"
+DEFAULT_SEPARATE = "compressed_default_separate"
+DEFAULTS = {DEFAULT: {}, DEFAULT_SEPARATE: {"fuse_worker_pass": False}}
 QUICK_NUMEL = 4_000_000
 GIB = 1024**3
 # Per element of the buffer, per rank: fp32 buffer 4, worker error 4, packed send/receive 3/8; + server
@@ -68,6 +79,9 @@ GIB = 1024**3
 # packer's scratch ~1.63 (bool mask, shifted bytes, int32 indices). Plus the interpreter + torch.
 _BYTES_PER_ELEMENT = 4 + 4 + 0.375
 _TORCH_PEER_BYTES_PER_ELEMENT = 4 + 0.375 + 1.63 + 4 + 0.375  # and the unpipelined engine's
+_DEFAULT_ENGINE_BYTES_PER_ELEMENT = (
+    4 + 0.375
+)  # each default-layout engine: its errors (+ 4/n), packed buffers
 _BASE_PROCESS_BYTES = 0.4 * GIB
 _MEMORY_MARGIN = 2 * GIB
 RATE_BITS = {"1gbit": 1e9, "10gbit": 1e10, "none": None}
@@ -87,11 +101,15 @@ def rate_bits_per_s(rate: str) -> float | None:
 # ----------------------------------------------------------------------------------------- part 1
 
 
-def estimated_rank_bytes(numel: int, world_size: int, torch_peer: bool = False) -> float:
+def estimated_rank_bytes(
+    numel: int, world_size: int, torch_peer: bool = False, defaults: bool = False
+) -> float:
     """Peak memory of one allreduce-benchmark rank (see _BYTES_PER_ELEMENT)."""
     per_element = _BYTES_PER_ELEMENT + 4 / world_size
     if torch_peer:
         per_element += _TORCH_PEER_BYTES_PER_ELEMENT + 8 / world_size
+    if defaults:
+        per_element += len(DEFAULTS) * (_DEFAULT_ENGINE_BYTES_PER_ELEMENT + 4 / world_size)
     return numel * per_element + _BASE_PROCESS_BYTES
 
 
@@ -100,18 +118,35 @@ def _peak_rss() -> int:
 
 
 def _allreduce_worker(
-    rank: int, world_size: int, numel: int, rates: list[str], repeats: int, operation_names: list[str]
+    rank: int,
+    world_size: int,
+    numel: int,
+    rates: list[str],
+    repeats: int,
+    operation_names: list[str],
+    size: str = "bert_base",
 ) -> dict:
     """Runs inside a rank's namespace: times the operations at each rate, with byte counts."""
     padded = padded_numel(numel, world_size)
+    default_numel, default_options = 0, {}
+    if any(name in DEFAULTS for name in operation_names):
+        from bench.comm import default_layout_options
+
+        default_numel, default_options = default_layout_options(0, world_size, size)
     generator = torch.Generator().manual_seed(rank)
-    buffer = torch.empty(padded).uniform_(-1, 1, generator=generator)
+    storage = torch.empty(max(padded, default_numel)).uniform_(-1, 1, generator=generator)
+    buffer = storage[:padded]
     # fp16 view on the first half of the fp32 storage: no second buffer (memory), refilled before use.
     half = buffer.view(torch.float16)[:padded]
     engine = CompressedAllreduce(padded)
     peers = {
         name: CompressedAllreduce(padded, **kwargs)  # type: ignore[arg-type]
         for name, kwargs in PEERS.items()
+        if name in operation_names
+    }
+    defaults = {
+        name: CompressedAllreduce(default_numel, **default_options, **kwargs)  # type: ignore[arg-type]
+        for name, kwargs in DEFAULTS.items()
         if name in operation_names
     }
 
@@ -129,6 +164,9 @@ def _allreduce_worker(
     operations: dict[str, Callable[[], None]] = {"fp32": fp32, "fp16": fp16, "compressed": compressed}
     for name, peer in peers.items():
         operations[name] = lambda peer=peer: peer(buffer)
+    for name, peer in defaults.items():
+        operations[name] = lambda peer=peer: peer(storage[:default_numel])
+    peers.update(defaults)
     model_bytes = {
         "fp32": ring_allreduce_bytes(padded, 4, world_size),
         "fp16": ring_allreduce_bytes(padded, 2, world_size),
@@ -183,6 +221,8 @@ def _allreduce_worker(
         "numel_padded": padded,
         "collective_mode": engine.collective_mode.value,
         "pieces": engine.pieces,
+        "default_numel_padded": default_numel,
+        "default_pieces": defaults[DEFAULT].pieces if DEFAULT in defaults else None,
         "peak_rss_bytes": _peak_rss(),
         "copy_bytes_per_s": copy_bandwidth,
     }
@@ -208,14 +248,24 @@ def _allreduce_records(
         print(f"[bench net] {reason}", flush=True)
         return [Record(f"skipped_{label}", 0.0, "skipped", config={"reason": reason})]
     operations = list(OPERATIONS)
-    with_peer = estimated_rank_bytes(numel, world_size, torch_peer=True) * world_size
-    if with_peer <= available - _MEMORY_MARGIN:
+    with_defaults = estimated_rank_bytes(numel, world_size, defaults=True) * world_size
+    if with_defaults <= available - _MEMORY_MARGIN:
+        operations += list(DEFAULTS)
+    else:
+        print(
+            f"[bench net] {label}: no default-layout engines (needs ~{with_defaults / GIB:.1f} GiB)",
+            flush=True,
+        )
+    with_peer = estimated_rank_bytes(numel, world_size, torch_peer=True, defaults=DEFAULT in operations)
+    if with_peer * world_size <= available - _MEMORY_MARGIN:
         operations += list(PEERS)
     else:
-        print(f"[bench net] {label}: no torch-kernels peer (needs ~{with_peer / GIB:.1f} GiB)", flush=True)
+        needed = with_peer * world_size / GIB
+        print(f"[bench net] {label}: no torch-kernels peer (needs ~{needed:.1f} GiB)", flush=True)
     started = time.perf_counter()
     with EmulatedNetwork(world_size, rates[0]) as network:
-        per_rank = network.run(_allreduce_worker, (numel, rates, repeats, operations))
+        layout_model = "bert_mini" if quick else size  # the default layout's model (BERT-mini: 11M)
+        per_rank = network.run(_allreduce_worker, (numel, rates, repeats, operations, layout_model))
     run_seconds = time.perf_counter() - started
     first = per_rank[0]
     base_config: dict[str, Any] = {
@@ -293,6 +343,38 @@ def _allreduce_records(
                         config={**config, "pieces": first["pieces"]},
                     )
                 )
+        if DEFAULT in operations:
+            default_config = {
+                **config,
+                "layout": "optim=onebit_lamb default (per_column, exact vectors, bfloat16 scales, mean_abs)",
+                "numel_padded_default": first["default_numel_padded"],
+                "pieces": first["default_pieces"],
+            }
+            target = "ratio <= 0.1 (>= 10x; stretch 0.05)" if is_target else "informational"
+            records.append(
+                Record(
+                    f"allreduce_seconds_compressed_default_vs_fp32_{label}_{rate}",
+                    medians[DEFAULT],
+                    "s",
+                    peer="gloo fp32 all_reduce + divide by n of the size's buffer (same processes; the "
+                    "default layout's buffer is the model's parameters padded, within 0.3 %)",
+                    peer_value=medians["fp32"],
+                    target=target,
+                    config=default_config,
+                )
+            )
+            records.append(
+                Record(
+                    f"allreduce_seconds_compressed_default_vs_separate_passes_{label}_{rate}",
+                    medians[DEFAULT],
+                    "s",
+                    peer="the same call with the worker's and the server's passes separate "
+                    "(fuse_worker_pass=False: the pipeline's all_to_all/all_gather pieces), same processes",
+                    peer_value=medians[DEFAULT_SEPARATE],
+                    target="ratio < 1",
+                    config=default_config,
+                )
+            )
         if nominal is not None:
             records.append(
                 Record(
@@ -429,6 +511,13 @@ def _train_worker(
 
 
 NO_LOG = 10**9  # log_every of the timed steps: none of them logs
+# Untimed steps per variant and round: 1-bit LAMB's first (its warmup, freeze_step=1) and two compression
+# steps.
+# The first compression step loads the numba kernels and builds the exchange (~4 s); the second still grows
+# the heap to its peak (68K page faults per rank, 2.0 s of CPU against 1.2 s in the steps after it, 0 faults
+# from then on: BERT-Base, 2 ranks, 2026-11-28), a one-time cost a run pays once, which 2 warm-up steps left
+# in the first timed step of every round.
+E2E_WARMUP_STEPS = 3
 PHASE_STEPS = 2  # log steps per variant and round after the timed ones, for the phase breakdown
 _PHASE_KEYS = ("time_data", "time_forward_backward", "time_optimizer", "time_communication", "bytes_step")
 
@@ -647,7 +736,7 @@ def main(argv: list[str]) -> None:
                     model,
                     data_dir,
                     args.micro_batch,
-                    2,
+                    E2E_WARMUP_STEPS,
                     steps,
                     rounds,
                     args.quick,

@@ -267,6 +267,10 @@ class CompressedAllreduce:
         pipeline: pieces each chunk's signs travel in, so that the wire overlaps the compression
             (:mod:`pretrain.comm.pipeline`): None = auto (1 per MiB of a chunk's signs, at most 8), 0 or 1 =
             off. Same bits either way. Used with one worker per process over the native collectives.
+        fuse_worker_pass: the worker's and the server's steps in one pass each where the kernels can
+            (`kernels.WorkerPass`, `kernels.ServerPass`: numba, ``mean_abs``; pipelined, their stretches
+            sent point to point, :mod:`pretrain.comm.pipeline`); False runs the passes separately (a
+            benchmark's peer). Same bits either way.
     """
 
     def __init__(
@@ -284,6 +288,7 @@ class CompressedAllreduce:
         scale_dtype: ScaleDtype | str = ScaleDtype.float32,
         kernels: str | None = None,
         pipeline: int | None = None,
+        fuse_worker_pass: bool = True,
     ) -> None:
         self.group = group
         if dist.is_available() and dist.is_initialized():
@@ -310,6 +315,7 @@ class CompressedAllreduce:
         self.collective_mode = CollectiveMode(collective_mode or default_collective_mode(group))
         self.packer = packer or get_packer(self.device)
         self.kernels = get_kernels(self.device, self.packer, kernels)
+        self.fuse_worker_pass = fuse_worker_pass
         self.traffic = counter or TrafficCounter()
         self.sign_scale = SignScale(sign_scale)
         self.scale_dtype = ScaleDtype(scale_dtype)
@@ -472,6 +478,15 @@ class CompressedAllreduce:
     def _compress_worker(self, worker: int, values: torch.Tensor, source: MomentumSource | None) -> None:
         """Spec §2 steps 1-2: y = x + e_w (held in the error buffer), scales, signs, e_w ← y − Q(y)."""
         error, plan = self._worker_errors[worker], self._worker_plan
+        fused = None
+        if self.fuse_worker_pass:
+            bfloat16 = self._wire_dtype is not None
+            fused = self.kernels.worker_pass(
+                error, values, plan, self._worker_scales[worker], source, bfloat16=bfloat16
+            )
+        if fused is not None:  # the same steps segment by segment, in one pass (kernels.WorkerPass)
+            fused.run(0, self.numel, self._worker_packed[worker], 0)
+            return
         scales = self.kernels.add_scales_(error, values, plan, out=self._worker_scales[worker], source=source)
         scales = self._round(scales)
         # `values` is free scratch from here on
@@ -506,6 +521,19 @@ class CompressedAllreduce:
         signs = self._recv_signs[:, :, local_chunk].reshape(n, -1)
         scales = self._recv_scales.view(n, self._local_segments)[:, offset : offset + count]
         server_value = self._server_errors[local_chunk]
+        server = None
+        if self.fuse_worker_pass:  # the same steps segment by segment, in one pass (kernels.ServerPass)
+            server = self.kernels.server_pass(
+                server_value,
+                signs.contiguous(),
+                scales.contiguous(),
+                plan,
+                self._server_scales[offset : offset + count],
+                bfloat16=self._wire_dtype is not None,
+            )
+        if server is not None:
+            server.run(0, self.chunk_numel, self._server_packed[local_chunk], 0)
+            return
         self.kernels.accumulate_(server_value, signs, scales, plan, scratch=scratch[: n * self.chunk_numel])
         server_scales = self._round(
             plan.scales(server_value, out=self._server_scales[offset : offset + count])

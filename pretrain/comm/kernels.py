@@ -12,6 +12,12 @@ takes from :mod:`pretrain.comm.norms`, so the scales, and with them every result
 - ``accumulate_(error, signs, scales, plan)``: ``error ← error + (Σ_i s_i·sign_i) / n`` over the n
   sources in worker order (the server's average of the decoded worker chunks, plus its error).
 - ``decode_(packed, scales, plan, out)``: ``out ← s·sign``.
+- ``worker_pass(error, values, plan, scales, source)``: ``add_scales_``, the scales' rounding to the wire's
+  dtype and ``compress_`` in one pass, segment by segment (:class:`WorkerPass`); numba only, ``mean_abs``
+  only (None elsewhere: the caller runs the three). A segment's signs need its scale, its scale every
+  element: the separate passes write y to memory and read it back for the signs (8 of 28 bytes per
+  element); here a segment's signs are taken right after its 1-norm, from cache (one scale per row or
+  column: 768–4096 elements). It runs stretch by stretch so that the pipeline can send each as it is done.
 
 ``add_scales_`` may take the worker's values as a :class:`MomentumSource` instead of a filled buffer (issue
 #15): the numba kernels then form x = (β1·m + (1−β1)·s·g)/d inside their pass (and a matrix's square
@@ -53,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from pretrain.comm.layout import run_table
+from pretrain.comm.layout import run_table, segment_bounds
 from pretrain.comm.packing import SignPacker, _sign_table
 from pretrain.comm.pipeline import cut_runs
 
@@ -94,6 +100,10 @@ class MomentumSource:
     # order (`pretrain.optim.marginals`); `fill` adds them too
     marginals: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(g.shape[0] for g in self.grads)
+
 
 class CompressionKernels(abc.ABC):
     """The engine's elementwise passes (module docstring). ``plan`` describes where each scale applies."""
@@ -116,6 +126,39 @@ class CompressionKernels(abc.ABC):
             source.fill(values)
         error.add_(values)
         return plan.scales(error, out=out)
+
+    def worker_pass(
+        self,
+        error: torch.Tensor,
+        values: torch.Tensor,
+        plan: _RunPlan,
+        scales: torch.Tensor,
+        source: MomentumSource | None = None,
+        *,
+        bfloat16: bool = False,
+    ) -> WorkerPass | None:
+        """The worker's whole step (``add_scales_``, the scales' rounding, ``compress_``) fused segment by
+        segment, run stretch by stretch (:class:`WorkerPass`); None where these kernels do not fuse it
+        (`fuses_worker_pass`: the caller runs the separate passes, same bits)."""
+        return None
+
+    def fuses_worker_pass(self, plan: _RunPlan, numel: int) -> bool:
+        """Whether `worker_pass` (and `server_pass`) fuse the step for ``numel`` elements under ``plan``."""
+        return False
+
+    def server_pass(
+        self,
+        error: torch.Tensor,
+        signs: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        out_scales: torch.Tensor,
+        *,
+        bfloat16: bool = False,
+    ) -> ServerPass | None:
+        """The server's whole step (``accumulate_``, the scales, their rounding, ``compress_``) fused
+        segment by segment, run stretch by stretch (:class:`ServerPass`); None where `worker_pass` is."""
+        return None
 
     @abc.abstractmethod
     def compress_(
@@ -294,31 +337,37 @@ def _numba_functions() -> dict[str, Any]:
         return acc
 
     @jit
+    def _compress_row(values, packed, i, end, s, flags, words, acc):
+        # One segment [i, end) under scale s, in stretches of up to SUM_BLOCK elements: signs and feedback
+        # first, then the flags packed (a byte is written once its 8th sign is in; `acc` carries a byte the
+        # segment does not complete). Segments shorter than 8 elements (the exact vectors' one-element
+        # segments) go element by element. Returns the carried byte.
+        if end - i < 8:
+            while i < end:
+                v = values[i]
+                positive = v >= 0
+                acc = ((acc << 1) | positive) & 0xFF
+                values[i] = v - s if positive else v + s
+                if (i & 7) == 7:
+                    packed[i >> 3] = acc
+                i += 1
+            return acc
+        while i < end:
+            stop = min(end, (i & ~7) + SUM_BLOCK)
+            acc = _compress_stretch(values, packed, i, stop, s, flags, words, acc)
+            i = stop
+        return acc
+
+    @jit
     def compress(values, packed, runs, scales, flags):
-        # Elements in buffer order (the runs tile it), in stretches of up to SUM_BLOCK elements: signs and
-        # feedback first, then the flags packed (a byte is written once its 8th sign is in). Rows shorter
-        # than 8 elements (the exact vectors' one-element segments) go element by element.
+        # Elements in buffer order (the runs tile it), segment by segment (`_compress_row`)
         words = flags.view(np.uint64)
         acc = 0
         for r in range(runs.shape[0]):
             start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
             for row in range(rows):
-                s = scales[first + row]
-                i, end = start + row * length, start + (row + 1) * length
-                if length < 8:
-                    while i < end:
-                        v = values[i]
-                        positive = v >= 0
-                        acc = ((acc << 1) | positive) & 0xFF
-                        values[i] = v - s if positive else v + s
-                        if (i & 7) == 7:
-                            packed[i >> 3] = acc
-                        i += 1
-                    continue
-                while i < end:
-                    stop = min(end, (i & ~7) + SUM_BLOCK)
-                    acc = _compress_stretch(values, packed, i, stop, s, flags, words, acc)
-                    i = stop
+                i = start + row * length
+                acc = _compress_row(values, packed, i, i + length, scales[first + row], flags, words, acc)
 
     @jit
     def _expand(packed, words):
@@ -399,6 +448,34 @@ def _numba_functions() -> dict[str, Any]:
         error[i] = error[i] + value / count
 
     @jit
+    def _accumulate_row(
+        error, signs, scales, scale_bits, segment, i, end, count, table, total, term, flags, words
+    ):
+        # One segment [i, end): its ends element by element, its whole bytes through `_accumulate_bytes`
+        while i < end and ((i & 7) != 0 or end - i < 8):  # up to a byte boundary (or the row's end)
+            _accumulate_one(error, signs, scales, segment, count, table, i)
+            i += 1
+        whole = (end - i) >> 3
+        if whole > 0:
+            _accumulate_bytes(
+                error[i : i + 8 * whole],
+                signs,
+                i >> 3,
+                whole,
+                scale_bits,
+                segment,
+                count,
+                total,
+                term,
+                flags,
+                words,
+            )
+            i += 8 * whole
+        while i < end:  # the rest of the row
+            _accumulate_one(error, signs, scales, segment, count, table, i)
+            i += 1
+
+    @jit
     def accumulate(error, signs, runs, scales, scale_bits, count, table, total, term, flags):
         words = flags.view(np.uint64)[: SUM_BLOCK // 8]
         # Per element: total = c_0 + c_1 + … (worker order), then error + total / n, the reference's order;
@@ -407,30 +484,81 @@ def _numba_functions() -> dict[str, Any]:
         for r in range(runs.shape[0]):
             start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
             for row in range(rows):
+                i = start + row * length
+                _accumulate_row(
+                    error,
+                    signs,
+                    scales,
+                    scale_bits,
+                    first + row,
+                    i,
+                    i + length,
+                    count,
+                    table,
+                    total,
+                    term,
+                    flags,
+                    words,
+                )
+
+    @jit
+    def server_pass(
+        error,
+        signs,
+        runs,
+        scales,
+        scale_bits,
+        count,
+        table,
+        total,
+        term,
+        flags,
+        segment_divisors,
+        bfloat16,
+        out_scales,
+        packed,
+        packed_base,
+        acc,
+        cell,
+        cell_bits,
+    ):
+        # The server's whole step segment by segment (`ServerPass`): z = e + (Σ s_i·sign_i)/n (`accumulate`),
+        # its 1-norm from cache (the norms' blocks and order), the scale (rounded where asked), the signs
+        # and e ← z − s·sign(z) (`_compress_row`). `runs`: the stretch's whole segments (chunk positions,
+        # chunk segment indices); `scales`/`scale_bits` [n, chunk segments]; `signs` [n, chunk bytes].
+        words = flags.view(np.uint64)[: SUM_BLOCK // 8]
+        signs_of = error[packed_base:]
+        for r in range(runs.shape[0]):
+            start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
+            for row in range(rows):
                 segment = first + row
-                i, end = start + row * length, start + (row + 1) * length
-                while i < end and ((i & 7) != 0 or end - i < 8):  # up to a byte boundary (or the row's end)
-                    _accumulate_one(error, signs, scales, segment, count, table, i)
-                    i += 1
-                whole = (end - i) >> 3
-                if whole > 0:
-                    _accumulate_bytes(
-                        error[i : i + 8 * whole],
-                        signs,
-                        i >> 3,
-                        whole,
-                        scale_bits,
-                        segment,
-                        count,
-                        total,
-                        term,
-                        flags,
-                        words,
-                    )
-                    i += 8 * whole
-                while i < end:  # the rest of the row
-                    _accumulate_one(error, signs, scales, segment, count, table, i)
-                    i += 1
+                low, end = start + row * length, start + (row + 1) * length
+                _accumulate_row(
+                    error,
+                    signs,
+                    scales,
+                    scale_bits,
+                    segment,
+                    low,
+                    end,
+                    count,
+                    table,
+                    total,
+                    term,
+                    flags,
+                    words,
+                )
+                norm = 0.0
+                for i in range(low, end, SUM_BLOCK):
+                    norm += _abs_sum(error[i : min(i + SUM_BLOCK, end)])
+                s = np.float32(norm) / segment_divisors[segment]
+                if bfloat16:
+                    s = _to_bfloat16(s, cell, cell_bits)
+                out_scales[segment] = s
+                acc = _compress_row(
+                    signs_of, packed, low - packed_base, end - packed_base, s, flags, words, acc
+                )
+        return acc
 
     @jit
     def decode(packed, runs, scales, scale_bits, out, out_bits, table):
@@ -582,10 +710,92 @@ def _numba_functions() -> dict[str, Any]:
         for j in range(inner):
             inner_sums[j] += np.float32(columns[j])
 
+    @jit
+    def _to_bfloat16(s, cell, cell_bits):
+        # s rounded to bfloat16 (and back to fp32) as torch rounds it (c10's round_to_nearest_even: ties to
+        # even, a NaN to the quiet NaN 0x7FC0), through a one-element fp32 array and its uint32 view
+        if s != s:
+            cell_bits[0] = np.uint32(0x7FC00000)
+            return cell[0]
+        cell[0] = s
+        bits = np.int64(cell_bits[0])
+        cell_bits[0] = np.uint32((((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16) & 0xFFFFFFFF)
+        return cell[0]
+
+    @jit
+    def worker_pass(
+        error,
+        values,
+        exp_avg,
+        grad,
+        divisor,
+        offset,
+        runs,
+        segment_divisors,
+        bfloat16,
+        scales,
+        packed,
+        packed_base,
+        acc,
+        beta1,
+        weight,
+        scale,
+        inner,
+        outer_sums,
+        columns,
+        done,
+        row_scratch,
+        flags,
+        cell,
+        cell_bits,
+    ):
+        # The worker's whole step segment by segment (`WorkerPass`): y = e + x into `error` a SUM_BLOCK block
+        # at a time, each block's 1-norm summed from L1 right after (the norms' blocks and order), the
+        # scale (÷ the segment's length, rounded to bfloat16 where asked), then the signs and the feedback
+        # while the segment is still in cache (`_compress_row`). x from `values` where `exp_avg` is empty,
+        # else formed from (m, g, d) elements [i − offset] as `_add_momentum` forms it, with the square
+        # marginals of s·g (`square_marginal_rows`, rows of `inner` elements) as `add_momentum_abs_sums`
+        # takes them. `runs`: absolute starts and segment indices, whole segments; `packed[0]` holds the
+        # signs of elements packed_base … packed_base + 7. Returns (the carried byte, the marginal rows done).
+        words = flags.view(np.uint64)
+        from_source = exp_avg.shape[0] > 0
+        signs_of = error[packed_base:]
+        for r in range(runs.shape[0]):
+            start, rows, length, first = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
+            for row in range(rows):
+                low, end = start + row * length, start + (row + 1) * length
+                total = 0.0
+                i = low
+                while i < end:
+                    high = min(i + SUM_BLOCK, end)
+                    if from_source:
+                        a, b = i - offset, high - offset
+                        _add_momentum(
+                            error[i:high], exp_avg[a:b], grad[a:b], divisor[a:b], beta1, weight, scale
+                        )
+                        if inner > 0:
+                            done = square_marginal_rows(
+                                grad, b, done, inner, scale, outer_sums, columns, row_scratch
+                            )
+                    else:
+                        _add(error[i:high], values[i:high])
+                    total += _abs_sum(error[i:high])
+                    i = high
+                s = np.float32(total) / segment_divisors[first + row]
+                if bfloat16:
+                    s = _to_bfloat16(s, cell, cell_bits)
+                scales[first + row] = s
+                acc = _compress_row(
+                    signs_of, packed, low - packed_base, end - packed_base, s, flags, words, acc
+                )
+        return acc, done
+
     return {
         "square_marginal_rows": square_marginal_rows,
         "add_momentum_abs_sums": add_momentum_abs_sums,
         "compress": compress,
+        "worker_pass": worker_pass,
+        "server_pass": server_pass,
         "accumulate": accumulate,
         "decode": decode,
         "segment_abs_sums": segment_abs_sums,
@@ -666,6 +876,85 @@ class NumbaKernels(CompressionKernels):
         for low, high, table in rest:
             self._functions["add_segment_abs_sums"](error[low:high], values[low:high], table, out)
 
+    def worker_pass(
+        self,
+        error: torch.Tensor,
+        values: torch.Tensor,
+        plan: _RunPlan,
+        scales: torch.Tensor,
+        source: MomentumSource | None = None,
+        *,
+        bfloat16: bool = False,
+    ) -> WorkerPass | None:
+        if not self.fuses_worker_pass(plan, error.numel()):
+            return None
+        return WorkerPass(self, error, values, plan, scales, source, bfloat16)
+
+    def fuses_worker_pass(self, plan: _RunPlan, numel: int) -> bool:
+        return not plan.root and plan.tiles(numel)  # mean_abs: the 1-norms summed as the pass goes
+
+    def server_pass(
+        self,
+        error: torch.Tensor,
+        signs: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        out_scales: torch.Tensor,
+        *,
+        bfloat16: bool = False,
+    ) -> ServerPass | None:
+        if not self.fuses_worker_pass(plan, error.numel()):
+            return None
+        return ServerPass(self, error, signs, scales, plan, out_scales, bfloat16)
+
+    def _segment_starts(self, plan: _RunPlan) -> np.ndarray:
+        """Every segment's first element, and the end of the last one, ascending; once per plan."""
+        tables = self._tables.setdefault(plan, {})
+        if ("starts",) not in tables:
+            tables[("starts",)] = segment_bounds(plan.runs)
+        return tables[("starts",)]
+
+    def _pass_parts(
+        self, plan: _RunPlan, source: MomentumSource | None, low: int, high: int
+    ) -> list[tuple[int, int, np.ndarray]]:
+        """(tensor index or −1 for `values`, the part's end, its runs: absolute starts and segment indices)
+        for the parts of elements [low, high) that one `worker_pass` call each takes (the source's tensors
+        and the stretches between them), once per plan, source layout and stretch. Raises ValueError where
+        a bound would cut a segment."""
+        key = ("pass", low, high) if source is None else ("pass", low, high, source.offsets, source.lengths)
+        tables = self._tables.setdefault(plan, {})
+        if key in tables:
+            return tables[key]
+        starts = self._segment_starts(plan)
+        bounds = [(low, high, -1)]
+        if source is not None:
+            bounds, position = [], low
+            for k, (begin, length) in enumerate(zip(source.offsets, source.lengths)):
+                begin, end = max(begin, low), min(begin + length, high)
+                if begin >= end:
+                    continue
+                if begin < position:
+                    raise ValueError("the source's tensors must come in buffer order, without overlaps")
+                if begin > position:
+                    bounds.append((position, begin, -1))
+                bounds.append((begin, end, k))
+                position = end
+            if position < high:
+                bounds.append((position, high, -1))
+        parts = []
+        for begin, end, k in bounds:
+            for bound in (begin, end):
+                found = int(np.searchsorted(starts, bound))
+                if found == len(starts) or starts[found] != bound:
+                    raise ValueError(f"element {bound} is inside a segment of the plan")
+            runs, first = cut_runs(plan.runs, begin, end)
+            rows = run_table(runs)
+            rows[:, 0] += begin
+            rows[:, 3] += first
+            parts.append((k, end, rows))
+        tables[key] = parts
+        return parts
+
     def _blocks_of(self, plan: _RunPlan) -> np.ndarray:
         """`sum_blocks` of the plan's runs, computed once per plan."""
         tables = self._tables.setdefault(plan, {})
@@ -679,7 +968,7 @@ class NumbaKernels(CompressionKernels):
         """(low, high, `sum_blocks` relative to low with absolute segment indices) per source tensor, and
         for the stretches between them (the pad); computed once per plan and source layout. Raises ValueError
         where a tensor would cut a segment (the sums would differ)."""
-        lengths = tuple(g.shape[0] for g in source.grads)
+        lengths = source.lengths
         key = (source.offsets, lengths)
         cached = self._tables.setdefault(plan, {}).get(key)
         if cached is not None:
@@ -759,6 +1048,182 @@ class NumbaKernels(CompressionKernels):
             out.numpy().view(np.uint32),
             self._signs,
         )
+
+
+class WorkerPass:
+    """One call's worker step in one pass over memory (issue #15): per segment, y = e + x, its 1-norm, the
+    scale (rounded to bfloat16 where the wire carries that), then the signs and e ← y − s·sign(y) while the
+    segment is still in cache; the separate passes (``add_scales_``, the rounding, ``compress_``) read y
+    back from memory for the signs. The same arithmetic in the same order, so the same bits (tested).
+
+    ``run(low, high, packed, base)`` takes elements [low, high) (segment bounds), writing their signs into
+    ``packed`` (byte 0: elements base … base + 7, base a multiple of 8) and their scales into ``scales``
+    (the plan's segment order); calls go in buffer order (the pipeline sends each stretch as it is done:
+    :mod:`pretrain.comm.pipeline`) and together cover the buffer once. A call that ends inside a byte
+    leaves that byte to the next call, which continues where it stopped (into the same ``packed``): after
+    ``run(low, high, …)`` the bytes of elements up to high & ~7 are complete. With a
+    :class:`MomentumSource`, x is formed from it tensor by tensor, and a matrix's square marginals are
+    summed as its rows go by, its column sums rounded and added once its last stretch is done."""
+
+    def __init__(
+        self,
+        kernels: NumbaKernels,
+        error: torch.Tensor,
+        values: torch.Tensor,
+        plan: _RunPlan,
+        scales: torch.Tensor,
+        source: MomentumSource | None,
+        bfloat16: bool,
+    ) -> None:
+        self._kernels, self._plan, self._source, self._bfloat16 = kernels, plan, source, bfloat16
+        self._error, self._values, self._scales = error.numpy(), values.numpy(), scales.numpy()
+        self._divisors = plan.segment_divisors.numpy()
+        self._cell = np.zeros(1, dtype=np.float32)
+        self._acc, self._next = 0, 0  # the signs of elements [high & ~7, high) of the last call, and high
+        empty = np.zeros(0, dtype=np.float32)
+        self._empty, self._no_columns = empty, np.zeros(0, dtype=np.float64)
+        self._tensors: list[tuple[np.ndarray, ...]] = []
+        self._marginals: list[list[Any] | None] = []
+        if source is not None:
+            beta1 = np.float32(source.beta1)  # fp32, as torch rounds them
+            self._coefficients = (beta1, np.float32(1.0 - source.beta1), np.float32(source.grad_scale))
+            self._tensors = [
+                (m.numpy(), g.numpy(), d.numpy())
+                for m, g, d in zip(source.exp_avgs, source.grads, source.divisors)
+            ]
+            for sums in source.marginals or [None] * len(self._tensors):
+                if sums is None:
+                    self._marginals.append(None)
+                    continue
+                outer, inner = (t.numpy() for t in sums)
+                # [outer sums, inner sums, float64 column sums, rows done, a row of scratch]
+                self._marginals.append(
+                    [outer, inner, np.zeros(inner.shape[0]), 0, np.empty(inner.shape[0], dtype=np.float32)]
+                )
+        else:
+            self._coefficients = (np.float32(0.0), np.float32(0.0), np.float32(1.0))
+
+    def run(self, low: int, high: int, packed: torch.Tensor, base: int) -> None:
+        if base % 8 or not base <= low <= high or (low != self._next and low % 8):
+            raise ValueError(
+                f"a worker pass continues where it stopped ({self._next}) or starts on a whole byte, and its "
+                f"signs' byte 0 is element {base} (a multiple of 8, not after {low}): got [{low}, {high})"
+            )
+        function = self._kernels._functions["worker_pass"]
+        packed_bytes = packed.reshape(-1).numpy()
+        beta1, weight, scale = self._coefficients
+        acc = self._acc if low == self._next else 0
+        for k, end, runs in self._kernels._pass_parts(self._plan, self._source, low, high):
+            if k < 0:
+                exp_avg = grad = divisor = self._empty
+                offset, marginal = 0, None
+            else:
+                exp_avg, grad, divisor = self._tensors[k]
+                offset, marginal = self._source.offsets[k], self._marginals[k]  # type: ignore[union-attr]
+            if marginal is None:
+                inner, outer_sums, inner_sums, columns, done, row = (
+                    0,
+                    self._empty,
+                    self._empty,
+                    self._no_columns,
+                    0,
+                    self._empty,
+                )
+            else:
+                outer_sums, inner_sums, columns, done, row = marginal
+                inner = inner_sums.shape[0]
+            acc, done = function(
+                self._error,
+                self._values,
+                exp_avg,
+                grad,
+                divisor,
+                offset,
+                runs,
+                self._divisors,
+                self._bfloat16,
+                self._scales,
+                packed_bytes,
+                base,
+                acc,
+                beta1,
+                weight,
+                scale,
+                inner,
+                outer_sums,
+                columns,
+                done,
+                row,
+                self._kernels._flags,
+                self._cell,
+                self._cell.view(np.uint32),
+            )
+            if marginal is not None:
+                marginal[3] = done
+                if end == offset + exp_avg.shape[0]:  # the matrix's last stretch: its column sums, once
+                    inner_sums += columns.astype(np.float32)
+        self._acc, self._next = acc, high
+
+
+class ServerPass:
+    """One call's server step in one pass over memory (issue #15): per segment, z = e + (Σ_i s_i·sign_i)/n
+    (``accumulate_``'s arithmetic and order), its 1-norm, the scale (rounded where the wire carries
+    bfloat16), the signs and e ← z − s·sign(z), while the segment is in cache; the separate passes read e
+    back twice (the norms, then the signs). The same bits (tested). ``signs`` [n, chunk bytes] and ``scales``
+    [n, chunk segments] are the workers' (C-contiguous); ``run(low, high, packed, base)`` as
+    :meth:`WorkerPass.run`, over the chunk's elements, writing ``out_scales`` (the chunk's segments)."""
+
+    def __init__(
+        self,
+        kernels: NumbaKernels,
+        error: torch.Tensor,
+        signs: torch.Tensor,
+        scales: torch.Tensor,
+        plan: _RunPlan,
+        out_scales: torch.Tensor,
+        bfloat16: bool,
+    ) -> None:
+        if not (signs.is_contiguous() and scales.is_contiguous()):
+            raise ValueError("the server pass reads the workers' signs and scales C-contiguous")
+        self._kernels, self._plan, self._bfloat16 = kernels, plan, bfloat16
+        self._error, self._signs, self._out_scales = error.numpy(), signs.numpy(), out_scales.numpy()
+        self._scales = scales.numpy()
+        self._scale_bits = self._scales.view(np.uint32)
+        self._count = np.float32(signs.shape[0])
+        self._divisors = plan.segment_divisors.numpy()
+        self._cell = np.zeros(1, dtype=np.float32)
+        self._acc, self._next = 0, 0
+
+    def run(self, low: int, high: int, packed: torch.Tensor, base: int) -> None:
+        if base % 8 or not base <= low <= high or (low != self._next and low % 8):
+            raise ValueError(
+                f"a server pass continues where it stopped ({self._next}) or starts on a whole byte, and its "
+                f"signs' byte 0 is element {base} (a multiple of 8, not after {low}): got [{low}, {high})"
+            )
+        kernels = self._kernels
+        acc = self._acc if low == self._next else 0
+        ((_, _, runs),) = kernels._pass_parts(self._plan, None, low, high)
+        acc = kernels._functions["server_pass"](
+            self._error,
+            self._signs,
+            runs,
+            self._scales,
+            self._scale_bits,
+            self._count,
+            kernels._signs,
+            kernels._total,
+            kernels._term,
+            kernels._flags,
+            self._divisors,
+            self._bfloat16,
+            self._out_scales,
+            packed.reshape(-1).numpy(),
+            base,
+            acc,
+            self._cell,
+            self._cell.view(np.uint32),
+        )
+        self._acc, self._next = acc, high
 
 
 def sum_blocks(runs: np.ndarray) -> np.ndarray:

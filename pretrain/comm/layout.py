@@ -57,6 +57,14 @@ def run_table(runs: list[Run]) -> np.ndarray:
     return np.asarray(table, dtype=np.int64).reshape(-1, 4)
 
 
+def segment_bounds(runs: list[Run]) -> np.ndarray:
+    """Every segment's first element and every run's end, ascending and unique (int64)."""
+    if not runs:
+        return np.zeros(0, dtype=np.int64)
+    starts = [run.start + np.arange(run.rows + 1, dtype=np.int64) * run.row_length for run in runs]
+    return np.unique(np.concatenate(starts))
+
+
 @dataclass(frozen=True)
 class Block:
     """A region of the flat buffer whose elements share scales row by row: ``numel`` elements in rows

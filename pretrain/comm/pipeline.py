@@ -11,6 +11,18 @@ of it. Here every chunk is cut into P byte-aligned *pieces* and the two phases r
    scales (whole chunk) go out; then for piece b: pack it and start its ``all_gather``;
 3. as piece b of every chunk arrives, decode it into the output.
 
+Where the kernels fuse the worker's step (:class:`~pretrain.comm.kernels.WorkerPass`: numba, ``mean_abs``
+scales; issue #15) and the layout's segments are short enough to cut every chunk into its pieces at segment
+bounds (:func:`fused_stretches`: per-row and per-column scales, the exact vectors; not one scale per tensor
+or DeepSpeed's single scale), step 1 is one pass instead of two: y = x + e, each segment's scale, its signs
+and the error feedback, segment by segment while the segment is in cache, stretch by stretch in buffer
+order. A stretch's scales are known only once the pass has left it, so each stretch (signs and scales)
+goes to the process serving its chunk as soon as it is done, point to point (``isend``/``irecv``: chunk j's
+stretches are ready at a different time for each destination, which an ``all_to_all`` per piece would wait
+for). At 2 ranks one rank's outgoing stretches are its second half's and the other's its first half's;
+either way the wire runs while the pass goes on. The server accumulates each stretch of its chunk once
+every worker's has arrived; phase 2 is as above.
+
 The arithmetic per element is the unpipelined call's, in the same order (the pieces only change when an
 element is processed, never what is computed from what), so the result and the error buffers are
 bitwise those of the plain call, and of the reference model (tested). The bytes are the same too. Used
@@ -19,14 +31,19 @@ for one worker per process over the native collectives; ``pieces=1`` is the plai
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from pretrain import faults
-from pretrain.comm.layout import Run
+from pretrain.comm.layout import Run, segment_bounds
 
+# The fused call's phase-2 messages are tagged from here (phase 1: 0 … 2·pieces − 1).
+PHASE_TWO_TAG = 1 << 10
 # Auto: about this many bytes of signs per piece and destination; at most MAX_PIECES pieces.
 PIECE_BYTES = 1 << 20
 MAX_PIECES = 8
@@ -119,8 +136,20 @@ class PipelinedExchange:
         self.received = _carve(engine._recv_signs, sizes, n)
         self.server_send = _carve(engine._server_packed, sizes, None)
         self.gathered = _carve(engine._gathered_server_packed, sizes, n)
+        # Phase one fused where the kernels fuse the worker's step and the layout's segments allow pieces
+        self.stretches = fused_stretches(engine, pieces)
+        self._fused = _Fused(engine, self.stretches, plan) if self.stretches is not None else None
 
     def __call__(self, values: torch.Tensor, out: torch.Tensor, source=None) -> None:
+        if self._fused is not None:
+            self._fused_call(values, out, source)
+            return
+        self._phase_one(values, source)
+        faults.inside("exchange")  # test-only (pretrain/faults.py): between the all-to-all and the all-gather
+        self._phase_two(values, out)
+
+    def _phase_one(self, values: torch.Tensor, source) -> None:
+        """1. and the server's accumulation (module docstring), the worker's passes separate."""
         engine = self.engine
         kernels, group, n, rank = engine.kernels, engine.group, engine.world_size, engine.rank
         chunk = engine.chunk_numel
@@ -145,7 +174,7 @@ class PipelinedExchange:
                     scratch=values[low:high],
                 )
             phase_one.append(dist.all_to_all_single(received, send, group=group, async_op=True))
-        # 2. server: accumulate each piece as it arrives, then the scales, then the signs piece by piece
+        # 2. server: accumulate each piece as it arrives
         server_error = engine._server_errors[0]
         worker_scales = engine._recv_scales.view(n, engine._local_segments)
         scratch = values[: n * chunk]
@@ -159,7 +188,135 @@ class PipelinedExchange:
                 server_plan,
                 scratch=scratch[: n * (piece.high - piece.low)],
             )
-        faults.inside("exchange")  # test-only (pretrain/faults.py): between the all-to-all and the all-gather
+
+    def _fused_call(self, values: torch.Tensor, out: torch.Tensor, source) -> None:
+        """The call with both compressions fused (module docstring), stretch by stretch, point to point."""
+        engine, fused = self.engine, self._fused
+        assert fused is not None and self.stretches is not None
+        group, n, rank, chunk = engine.group, engine.world_size, engine.rank, engine.chunk_numel
+        peers, others = fused.peers, [i for i in range(n) if i != rank]
+        error, scales = engine._worker_errors[0], engine._worker_scales[0]
+        bfloat16 = engine._wire_dtype is not None
+        worker = engine.kernels.worker_pass(
+            error, values, engine._worker_plan, scales, source, bfloat16=bfloat16
+        )
+        signs = engine._recv_signs.view(n, chunk // 8)
+        received_scales = engine._recv_scales.view(n, engine._local_segments)
+        scales_in, scales_out = fused.scales_in, fused.scales_out
+        local, origin = engine.layout.payload_offsets[rank], rank * chunk // 8
+        # 1. every worker stretch of this process's chunk, posted first
+        receives: list[list] = []
+        for b, stretch in enumerate(self.stretches[rank]):
+            low, high = stretch.bytes_low - origin, stretch.bytes_high - origin
+            first, last = stretch.first - local, stretch.last - local
+            receives.append(
+                [
+                    work
+                    for i in others
+                    for work in (
+                        dist.irecv(signs[i, low:high], src=peers[i], group=group, tag=2 * b),
+                        dist.irecv(scales_in[i, first:last], src=peers[i], group=group, tag=2 * b + 1),
+                    )
+                ]
+            )
+        # the worker's pass, stretch by stretch in buffer order, each sent when done
+        sends: list[Any] = []
+        packed = engine._worker_packed[0]
+        for j in range(n):
+            for b, stretch in enumerate(self.stretches[j]):
+                first, last = stretch.first, stretch.last
+                if j == rank:  # straight into this process's row of its chunk's signs
+                    worker.run(stretch.low, stretch.high, signs[rank], rank * chunk)  # type: ignore[union-attr]
+                    scales_in[rank, first - local : last - local].copy_(scales[first:last])
+                    continue
+                worker.run(stretch.low, stretch.high, packed, 0)  # type: ignore[union-attr]
+                if fused.wire:  # the wire's dtype: exact, the scales are rounded to it
+                    scales_out[first:last].copy_(scales[first:last])
+                piece = packed[stretch.bytes_low : stretch.bytes_high]
+                sends.append(dist.isend(piece, dst=peers[j], group=group, tag=2 * b))
+                sends.append(dist.isend(scales_out[first:last], dst=peers[j], group=group, tag=2 * b + 1))
+        # 2. the other servers' stretches, posted before this one serves
+        gathered = engine._gathered_server_packed.view(n, chunk // 8)
+        all_scales, offsets = engine._all_server_scales, engine._chunk_scale_offsets
+        server_in = fused.server_scales_in
+        gathers: dict[tuple[int, int], list[Any]] = {
+            (j, t): [
+                dist.irecv(gathered[j, part.bytes_low : part.bytes_high], src=peers[j], group=group, tag=tag),
+                dist.irecv(
+                    server_in[offsets[j] + part.first : offsets[j] + part.last],
+                    src=peers[j],
+                    group=group,
+                    tag=tag + 1,
+                ),
+            ]
+            for j in others
+            for t, part in enumerate(fused.server_stretches[j])
+            for tag in (PHASE_TWO_TAG + 2 * t,)
+        }
+        faults.inside(
+            "exchange"
+        )  # test-only (pretrain/faults.py): between the workers' and the servers' signs
+        own = slice(offsets[rank], offsets[rank] + engine._local_segments)
+        server = engine.kernels.server_pass(
+            engine._server_errors[0],
+            signs,
+            received_scales,
+            engine._chunk_plans[rank],
+            all_scales[own],
+            bfloat16=bfloat16,
+        )
+        waited = 0
+        for t, part in enumerate(fused.server_stretches[rank]):
+            while waited <= part.piece:  # the workers' stretches this one needs (and their scales)
+                for work in receives[waited]:
+                    work.wait()
+                if fused.wire:
+                    stretch = self.stretches[rank][waited]
+                    arrived = slice(stretch.first - local, stretch.last - local)
+                    received_scales[:, arrived].copy_(scales_in[:, arrived])
+                waited += 1
+            server.run(part.low, part.high, gathered[rank], 0)  # type: ignore[union-attr]
+            mine = all_scales[own][part.first : part.last]
+            if fused.wire:
+                fused.server_scales_out[part.first : part.last].copy_(mine)
+                mine = fused.server_scales_out[part.first : part.last]
+            tag = PHASE_TWO_TAG + 2 * t
+            for j in others:
+                sends.append(
+                    dist.isend(
+                        gathered[rank, part.bytes_low : part.bytes_high], dst=peers[j], group=group, tag=tag
+                    )
+                )
+                sends.append(dist.isend(mine, dst=peers[j], group=group, tag=tag + 1))
+        # 3. this chunk decoded at once; the others' stretch by stretch as they arrive
+        kernels = engine.kernels
+        kernels.decode_(
+            gathered[rank], all_scales[own], engine._chunk_plans[rank], out[rank * chunk : (rank + 1) * chunk]
+        )
+        for j in others:
+            for t, (part, (plan, first)) in enumerate(zip(fused.server_stretches[j], fused.decode_plans[j])):
+                for work in gathers[(j, t)]:
+                    work.wait()
+                start = offsets[j] + first
+                if fused.wire:
+                    arrived = slice(offsets[j] + part.first, offsets[j] + part.last)
+                    all_scales[arrived].copy_(server_in[arrived])
+                kernels.decode_(
+                    gathered[j, part.bytes_low : part.bytes_high],
+                    all_scales[start : start + plan.num_segments],
+                    plan,
+                    out[j * chunk + 8 * part.bytes_low : j * chunk + 8 * part.bytes_high],
+                )
+        for work in sends:
+            work.wait()
+
+    def _phase_two(self, values: torch.Tensor, out: torch.Tensor) -> None:
+        """The server's scales and signs (piece by piece), and 3."""
+        engine = self.engine
+        kernels, group, rank = engine.kernels, engine.group, engine.rank
+        chunk = engine.chunk_numel
+        server_error = engine._server_errors[0]
+        scratch = values[:chunk]
         chunk_plan = engine._chunk_plans[engine._local_chunks[0]]
         server_scales = engine._round(chunk_plan.scales(server_error, out=engine._server_scales))
         engine._exchange_server_scales()
@@ -190,6 +347,131 @@ class PipelinedExchange:
                     chunk_plan,
                     out[j * chunk + piece.low : j * chunk + piece.high],
                 )
+
+
+@dataclass(frozen=True)
+class _Stretch:
+    """Phase one, fused: elements [low, high) of the buffer in chunk ``chunk`` (segment bounds), its
+    segments [first, last) in the worker's scale order. It sends the signs of elements [low & ~7,
+    high & ~7) (whole bytes: a byte that straddles ``high`` goes with the next stretch)."""
+
+    chunk: int
+    low: int
+    high: int
+    first: int
+    last: int
+
+    @property
+    def bytes_low(self) -> int:
+        return self.low // 8
+
+    @property
+    def bytes_high(self) -> int:
+        return self.high // 8
+
+
+def fused_stretches(engine, pieces: int) -> list[list[_Stretch]] | None:
+    """Per chunk, its ``pieces`` stretches for the fused phase one: cut at the segment bounds nearest to an
+    equal split (each stretch at least one byte of signs). None where the kernels do not fuse the worker's
+    step, or the segments are too long to cut (a stretch over twice its share: e.g. one scale per
+    tensor), or a chunk's payload is not its own segments."""
+    plan, chunk, layout = engine._worker_plan, engine.chunk_numel, engine.layout
+    if not (engine.fuse_worker_pass and engine.kernels.fuses_worker_pass(plan, engine.numel)):
+        return None
+    bounds = segment_bounds(layout.worker_runs)
+    stretches = []
+    for j in range(engine.world_size):
+        low, high = j * chunk, (j + 1) * chunk
+        first = int(np.searchsorted(bounds, low))
+        if first == len(bounds) or bounds[first] != low or layout.payload_offsets[j] != first:
+            return None
+        inside = bounds[(bounds > low) & (bounds < high)]
+        cuts = [low]
+        for b in range(1, pieces):
+            if not len(inside):
+                break
+            target = low + b * chunk // pieces
+            k = int(np.searchsorted(inside, target))
+            near = [int(inside[i]) for i in (k - 1, k) if 0 <= i < len(inside)]
+            cut = min(near, key=lambda c: abs(c - target))
+            if cut // 8 > cuts[-1] // 8:
+                cuts.append(cut)
+        cuts.append(high)
+        if max(b - a for a, b in itertools.pairwise(cuts)) > 2 * chunk / pieces:
+            return None
+        segments = np.searchsorted(bounds, cuts)
+        stretches.append(
+            [_Stretch(j, a, b, int(s), int(t)) for a, b, s, t in zip(cuts, cuts[1:], segments, segments[1:])]
+        )
+    return stretches
+
+
+@dataclass(frozen=True)
+class _ServerStretch:
+    """Fused phase 2: the server's elements [low, high) of its chunk (segment bounds, chunk positions), its
+    segments [first, last) (the chunk's), served once the workers' stretches up to ``piece`` have arrived;
+    it sends the signs of bytes [low // 8, high // 8)."""
+
+    piece: int
+    low: int
+    high: int
+    first: int
+    last: int
+
+    @property
+    def bytes_low(self) -> int:
+        return self.low // 8
+
+    @property
+    def bytes_high(self) -> int:
+        return self.high // 8
+
+
+def server_stretches(
+    stretches: list[_Stretch], chunk_runs: list[Run], origin: int, chunk: int
+) -> list[_ServerStretch]:
+    """A chunk's server stretches: after worker stretch b has arrived, the chunk's whole segments up to
+    the last byte it completes (a stretch per piece that adds at least a byte; the last one to the end)."""
+    bounds = segment_bounds(chunk_runs)
+    parts: list[_ServerStretch] = []
+    low = 0
+    for b, stretch in enumerate(stretches):
+        if b == len(stretches) - 1:
+            high = chunk
+        else:
+            complete = 8 * stretch.bytes_high - origin  # elements whose signs have all arrived
+            high = int(bounds[np.searchsorted(bounds, complete, side="right") - 1])
+            if high // 8 <= low // 8:
+                continue
+        first, last = (int(i) for i in np.searchsorted(bounds, [low, high]))
+        parts.append(_ServerStretch(b, low, high, first, last))
+        low = high
+    return parts
+
+
+class _Fused:
+    """What the fused call needs besides the engine's buffers: the peers' global ranks, the scales' wire
+    buffers (the engine's own where they travel in fp32), every chunk's server stretches and the decode's
+    plan for each."""
+
+    def __init__(self, engine, stretches: list[list[_Stretch]], plan) -> None:
+        n, group, chunk = engine.world_size, engine.group, engine.chunk_numel
+        self.peers = [dist.get_global_rank(group, i) if group is not None else i for i in range(n)]
+        self.wire = engine._wire_dtype is not None
+
+        def wire_like(tensor: torch.Tensor) -> torch.Tensor:
+            return torch.empty_like(tensor, dtype=engine._wire_dtype) if self.wire else tensor
+
+        self.scales_in = wire_like(engine._recv_scales.view(n, engine._local_segments))
+        self.scales_out = wire_like(engine._worker_scales[0])
+        self.server_scales_in = wire_like(engine._all_server_scales)
+        self.server_scales_out = wire_like(engine._server_scales)
+        runs = engine.layout.chunk_runs
+        self.server_stretches = [server_stretches(stretches[j], runs[j], j * chunk, chunk) for j in range(n)]
+        self.decode_plans = [
+            [plan(runs[j], 8 * part.bytes_low, 8 * part.bytes_high) for part in self.server_stretches[j]]
+            for j in range(n)
+        ]
 
 
 def _carve(storage: torch.Tensor, sizes: list[int], rows: int | None) -> list[torch.Tensor]:

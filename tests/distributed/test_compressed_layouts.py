@@ -8,7 +8,8 @@ single scale, and one scale per row of an "embedding" and per tensor (rows split
 included), with both sign scales, and with scales sent in bfloat16 (`scale_dtype`). Each case runs with
 both implementations of the elementwise passes (`pretrain.comm.kernels`: torch ops and the fused numba
 loops), which must both equal the reference bit for bit, and, with one worker per process, with the signs
-sent in 3 pieces (`pipeline=3`, `pretrain.comm.pipeline`) as well as in one. The torch.compile'd kernels
+sent in 3 pieces (`pipeline=3`, `pretrain.comm.pipeline`; with numba and mean |y| scales, the worker's step
+fused and its stretches sent point to point) as well as in one. The torch.compile'd kernels
 (`pretrain.comm.compiled_kernels`, the candidate for GPUs) go through the same cases in the slow tier (their
 first compile takes a minute on 2 cores).
 """
@@ -92,6 +93,8 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str], kernel_choic
                 "worker_error": engine.worker_error.numpy().copy(),
                 "server_error": engine.server_error.numpy().copy(),
                 "bytes": engine.traffic.compressed_bytes,
+                # the worker's step fused and sent stretch by stretch (`pipeline.fused_stretches`)
+                "fused_stretches": engine._pipeline is not None and engine._pipeline.stretches is not None,
             }
     return results
 
@@ -105,6 +108,11 @@ def shape_runs(request):
 
 def test_engine_equals_reference_bitwise(shape_runs):
     _assert_equal_to_reference(*shape_runs)
+    # the fused phase one (issue #15) ran wherever it can: numba, segment scales of mean |y|, pipelined
+    _processes, _virtual, results = shape_runs
+    for (mode, kernels, kind, sign_scale, _), result in results[0].items():
+        expected = kernels == "numba/3" and kind != "single" and sign_scale == "mean_abs"
+        assert result["fused_stretches"] == expected, (mode, kernels, kind, sign_scale)
 
 
 @pytest.mark.slow

@@ -157,6 +157,17 @@ def test_quick_allreduce_measurement_is_rate_limited_and_counts_bytes(tmp_path):
     assert limited["compressed_unpipelined"]["model_bytes_per_rank"] == compressed_bytes
     for peer in ("torch_kernels", "unpipelined"):
         assert records[f"allreduce_seconds_compressed_vs_{peer}_quick_n2_1gbit"].peer_value > 0
+    # the default layout's exchange (BERT-mini's), fused and with its passes separate: the same bytes, more
+    # than DeepSpeed's single scale (its ~30K scales ride along)
+    fused, separate = limited["compressed_default"], limited["compressed_default_separate"]
+    assert fused["model_bytes_per_rank"] == separate["model_bytes_per_rank"]
+    against = records["allreduce_seconds_compressed_default_vs_separate_passes_quick_n2_1gbit"]
+    assert against.peer_value > 0 and against.value > 0
+    default_numel = against.config["numel_padded_default"]
+    assert 10_000_000 < default_numel < 12_000_000
+    per_element = fused["model_bytes_per_rank"] / default_numel
+    assert 1 < per_element / (compressed_bytes / against.config["numel_padded"]) < 1.2
+    assert "allreduce_seconds_compressed_default_vs_fp32_quick_n2_1gbit" in records
 
 
 @pytest.mark.slow

@@ -93,6 +93,49 @@ def test_variance_refresh_steps_in_real_and_simulated_runs(tiny_data: Path, tmp_
     )
 
 
+def pipelined_train_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
+    """`train_worker` with the compressed allreduce's signs in up to 8 pieces however small the model (auto
+    pipelines only chunks of 2 MiB of signs and up), counting the calls that took the fused path (and those
+    with the momentum and its square marginals formed inside it)."""
+    from pretrain.comm import pipeline
+
+    pipeline.PIECE_BYTES = 1
+    calls = {"fused": 0, "pieces": 0, "sourced": 0, "marginals": 0}
+    fused_call = pipeline.PipelinedExchange._fused_call
+
+    def counted(self, values, out, source):
+        calls["fused"] += 1
+        calls["sourced"] += source is not None
+        calls["marginals"] += source is not None and bool(source.marginals)
+        calls["pieces"] = max(calls["pieces"], len(self.stretches[0]))
+        return fused_call(self, values, out, source)
+
+    pipeline.PipelinedExchange._fused_call = counted  # type: ignore[method-assign]
+    return {**train_worker(rank, world_size, overrides), **calls}
+
+
+def test_pipelined_fused_ranks_equal_simulated_workers(tiny_data: Path, tmp_path: Path):
+    """The optim=onebit_lamb defaults (per-column scales, the momentum formed inside the exchange's first
+    pass, rank-1 variance refreshes, whose square marginals that pass sums) with the exchange pipelined
+    and both compressions fused (`pretrain.comm.pipeline`: stretches sent point to point as each pass
+    leaves them) on 2 real ranks: bitwise the run of 2 simulated workers (no pipeline there)."""
+    extra = ("max_steps=20", "optim.variance_refresh=3")  # freeze_step 12: refreshes at 15 and 18
+    common = ("model.hidden_dropout_prob=0.1", "batch.phases.0.lr=5e-3", *extra)
+    real = run_local(
+        pipelined_train_worker, 2, (tiny_run_overrides(tiny_data, tmp_path / "real", "onebit_lamb", *common),)
+    )
+    simulated = run_local(
+        train_worker,
+        1,
+        (tiny_run_overrides(tiny_data, tmp_path / "sim", "onebit_lamb", *common, "sim_world_size=2"),),
+    )
+    # steps 13–20 fused, in 8 pieces, x formed inside; the square marginals there but on the refreshes
+    for rank in real:
+        assert (rank["fused"], rank["sourced"], rank["marginals"], rank["pieces"]) == (8, 8, 6, 8), rank
+    assert simulated[0]["digest"] == real[0]["digest"] == real[1]["digest"]
+    assert _losses(tmp_path / "sim") == _losses(tmp_path / "real")
+
+
 @pytest.mark.slow
 def test_four_simulated_workers_track_four_processes(tiny_data: Path, tmp_path: Path):
     extra = ("max_steps=20", "batch.phases.0.micro_batch=8")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import pytest
@@ -412,3 +413,126 @@ def test_the_worker_pass_sums_the_square_marginals_as_their_own_loop_does(grad_s
         squares = (grad.double() * grad_scale) ** 2
         torch.testing.assert_close(rows.double(), rows0.double() + squares.sum(1), rtol=1e-5, atol=0)
         torch.testing.assert_close(cols.double(), cols0.double() + squares.sum(0), rtol=1e-5, atol=0)
+
+
+def _fused_case(with_source: bool):
+    """A plan of per-row, per-column, one-element and one several-block segment, and a buffer whose first
+    three stretches are source tensors (two matrices with square marginals, a vector) and the rest pad."""
+    from pretrain.optim.live_step import momentum_source
+
+    long = kernels_module.SUM_BLOCK + 72
+    runs = [Run(0, 6, 40), Run(240, 16, 30), Run(720, 8, 1), Run(728, 1, long)]
+    numel = 728 + long
+    plan = _RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(5)
+    buffer = torch.randn(numel, generator=generator)
+    if not with_source:  # one-element segments: a tie to even, a scale past bfloat16's largest finite one
+        buffer[720:722] = torch.tensor([1.0 + 2.0**-8, 3.4e38])
+        return plan, buffer, None, None
+    views = [buffer[:240].view(6, 40), buffer[240:720].view(16, 30).t(), buffer[720:728]]
+    grads = [torch.randn(6, 40, generator=generator), torch.randn(16, 30, generator=generator).t()]
+    grads.append(torch.randn(8, generator=generator))
+    divisors = [torch.rand(6, 40, generator=generator) + 0.01, torch.rand(16, 30, generator=generator).t()]
+    divisors.append(torch.rand(8, generator=generator) + 0.5)
+    sums = [(torch.rand(6, generator=generator), torch.rand(40, generator=generator))]
+    sums += [(torch.rand(30, generator=generator), torch.rand(16, generator=generator)), None]
+    source = momentum_source(buffer, views, grads, divisors, beta1=0.9, grad_scale=0.37, marginals=sums)
+    assert source is not None
+    return plan, buffer, source, sums
+
+
+@pytest.mark.parametrize("bfloat16", [False, True])
+@pytest.mark.parametrize("with_source", [False, True])
+@pytest.mark.parametrize("cuts", [(), (120, 360, 728), (270, 721, 723)], ids=["whole", "bytes", "mid_byte"])
+def test_the_fused_worker_pass_equals_the_separate_passes(cuts, with_source, bfloat16):
+    """`worker_pass` (issue #15: y = e + x, the scales, their rounding, the signs and e ← y − s·sign(y) per
+    segment while it is in cache) gives the error, scales, signs and square marginals of `add_scales_`, the
+    rounding and `compress_` bit for bit, in one stretch or cut at segment bounds (a matrix's rows in two
+    stretches: its marginals carried over; stretches that end inside a byte, whose next call completes it),
+    from a buffer or from a `MomentumSource`, with bfloat16 scales
+    (a tie, and a scale rounding to infinity) or fp32 ones; the torch kernels do not fuse it."""
+    plan, _, _, _ = _fused_case(with_source)
+    numel = plan.runs[-1].end
+    results = []
+    for fused in (True, False):
+        _, buffer, source, sums = _fused_case(with_source)
+        error, scales = _values(4, numel) * 1e-2, torch.empty(plan.num_segments)
+        error[720:722] = 0.0  # y = x there: the tie stays a tie
+        packed = torch.zeros(numel // 8, dtype=torch.uint8)
+        kernels = NumbaKernels()
+        if fused:
+            worker = kernels.worker_pass(error, buffer, plan, scales, source, bfloat16=bfloat16)
+            assert worker is not None
+            bounds = [0, *cuts, numel]
+            for low, high in itertools.pairwise(bounds):
+                worker.run(low, high, packed, 0)
+                assert torch.equal(packed[high // 8 :], torch.zeros_like(packed[high // 8 :]))
+        else:
+            kernels.add_scales_(error, buffer, plan, scales, source=source)
+            if bfloat16:
+                scales.copy_(scales.to(torch.bfloat16))
+            kernels.compress_(error, scales, plan, packed, scratch=buffer.clone())
+        results.append((error, scales, packed, sums))
+    (error, scales, packed, sums), (error0, scales0, packed0, sums0) = results
+    assert torch.equal(error, error0) and torch.equal(scales, scales0) and torch.equal(packed, packed0)
+    if bfloat16:
+        assert torch.equal(scales, scales.to(torch.bfloat16).float())
+        if not with_source:  # |1 + 2^-8 + e| near the tie, and 3.4e38 past bfloat16's largest finite value
+            assert scales[6 + 16] == 1.0 and torch.isinf(scales[6 + 16 + 1])
+    for pair, pair0 in zip(sums or [], sums0 or []):
+        if pair is not None:
+            assert torch.equal(pair[0], pair0[0]) and torch.equal(pair[1], pair0[1])
+    assert TorchKernels(TorchSignPacker()).worker_pass(error, error, plan, scales) is None
+
+
+def test_a_worker_pass_refuses_stretches_that_cut_a_segment_or_skip_a_byte():
+    plan, buffer, _, _ = _fused_case(False)
+    numel = plan.runs[-1].end
+    worker = NumbaKernels().worker_pass(torch.zeros(numel), buffer, plan, torch.empty(plan.num_segments))
+    packed = torch.zeros(numel // 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="element 104 is inside a segment"):
+        worker.run(0, 104, packed, 0)  # inside the third row of 40
+    worker.run(0, 270, packed, 0)
+    with pytest.raises(ValueError, match=r"continues where it stopped \(270\) or starts on a whole byte"):
+        worker.run(300, 360, packed, 0)  # neither: the signs of 264…269 would be lost
+    with pytest.raises(ValueError, match="a multiple of 8, not after"):
+        worker.run(270, 300, packed, 4)
+    rms = _RunPlan(plan.runs, SignScale.rms, torch.device("cpu"))
+    assert NumbaKernels().worker_pass(torch.zeros(numel), buffer, rms, torch.empty(rms.num_segments)) is None
+
+
+@pytest.mark.parametrize("sources", [2, 3])
+@pytest.mark.parametrize("bfloat16", [False, True])
+@pytest.mark.parametrize("cuts", [(), (120, 360, 728), (270, 721, 723)], ids=["whole", "bytes", "mid_byte"])
+def test_the_fused_server_pass_equals_the_separate_passes(cuts, bfloat16, sources):
+    """`server_pass` (issue #15: z = e + (Σ s_i·sign_i)/n, the scales, their rounding, the signs and
+    e ← z − s·sign(z) per segment while it is in cache) gives the server error, scales and signs of
+    `accumulate_`, `plan.scales`, the rounding and `compress_` bit for bit, whole or in stretches (some
+    ending inside a byte), from 2 and 3 workers."""
+    plan, _, _, _ = _fused_case(False)
+    numel = plan.runs[-1].end
+    generator = torch.Generator().manual_seed(11)
+    signs = torch.randint(0, 256, (sources, numel // 8), dtype=torch.uint8, generator=generator)
+    scales = torch.rand(sources, plan.num_segments, generator=generator).to(torch.bfloat16).float()
+    results = []
+    for fused in (True, False):
+        error = _values(6, numel) * 1e-1
+        out_scales = torch.empty(plan.num_segments)
+        packed = torch.zeros(numel // 8, dtype=torch.uint8)
+        kernels = NumbaKernels()
+        if fused:
+            server = kernels.server_pass(error, signs, scales, plan, out_scales, bfloat16=bfloat16)
+            assert server is not None
+            bounds = [0, *cuts, numel]
+            for low, high in itertools.pairwise(bounds):
+                server.run(low, high, packed, 0)
+        else:
+            kernels.accumulate_(error, signs, scales, plan, scratch=torch.empty(0))
+            plan.scales(error, out=out_scales)
+            if bfloat16:
+                out_scales.copy_(out_scales.to(torch.bfloat16))
+            kernels.compress_(error, out_scales, plan, packed, scratch=torch.empty(0))
+        results.append((error, out_scales, packed))
+    for got, expected in zip(*results):
+        assert torch.equal(got, expected)
+    assert TorchKernels(TorchSignPacker()).server_pass(error, signs, scales, plan, out_scales) is None
