@@ -42,8 +42,6 @@ import torch.distributed as dist
 from pretrain import faults
 from pretrain.comm.layout import Run, segment_bounds
 
-# The fused call's phase-2 messages are tagged from here (phase 1: 0 … 2·pieces − 1).
-PHASE_TWO_TAG = 1 << 10
 # Auto: about this many bytes of signs per piece and destination; at most MAX_PIECES pieces.
 PIECE_BYTES = 1 << 20
 MAX_PIECES = 8
@@ -251,11 +249,10 @@ class PipelinedExchange:
             ]
             for j in others
             for t, part in enumerate(fused.server_stretches[j])
-            for tag in (PHASE_TWO_TAG + 2 * t,)
+            for tag in (fused.phase_two_tag + 2 * t,)
         }
-        faults.inside(
-            "exchange"
-        )  # test-only (pretrain/faults.py): between the workers' and the servers' signs
+        # test-only (pretrain/faults.py): between the workers' signs and the servers'
+        faults.inside("exchange")
         own = slice(offsets[rank], offsets[rank] + engine._local_segments)
         server = engine.kernels.server_pass(
             engine._server_errors[0],
@@ -280,7 +277,7 @@ class PipelinedExchange:
             if fused.wire:
                 fused.server_scales_out[part.first : part.last].copy_(mine)
                 mine = fused.server_scales_out[part.first : part.last]
-            tag = PHASE_TWO_TAG + 2 * t
+            tag = fused.phase_two_tag + 2 * t
             for j in others:
                 sends.append(
                     dist.isend(
@@ -468,6 +465,8 @@ class _Fused:
         self.server_scales_out = wire_like(engine._server_scales)
         runs = engine.layout.chunk_runs
         self.server_stretches = [server_stretches(stretches[j], runs[j], j * chunk, chunk) for j in range(n)]
+        # phase 1 tags its messages 0 … 2·pieces − 1 (signs, scales per stretch); phase 2 from here on
+        self.phase_two_tag = 2 * max(len(parts) for parts in stretches)
         self.decode_plans = [
             [plan(runs[j], 8 * part.bytes_low, 8 * part.bytes_high) for part in self.server_stretches[j]]
             for j in range(n)
