@@ -18,6 +18,8 @@ takes from :mod:`pretrain.comm.norms`, so the scales, and with them every result
   element: the separate passes write y to memory and read it back for the signs (8 of 28 bytes per
   element); here a segment's signs are taken right after its 1-norm, from cache (one scale per row or
   column: 768–4096 elements). It runs stretch by stretch so that the pipeline can send each as it is done.
+- ``server_pass(error, signs, scales, plan, out_scales)``: ``accumulate_``, the scales, their rounding and
+  ``compress_`` the same way (:class:`ServerPass`): the server's error is read once instead of three times.
 
 ``add_scales_`` may take the worker's values as a :class:`MomentumSource` instead of a filled buffer (issue
 #15): the numba kernels then form x = (β1·m + (1−β1)·s·g)/d inside their pass (and a matrix's square
@@ -1050,6 +1052,16 @@ class NumbaKernels(CompressionKernels):
         )
 
 
+def _check_stretch(who: str, low: int, high: int, base: int, stopped: int) -> None:
+    """A worker or server pass's next stretch [low, high): it continues where the last one stopped or starts
+    on a whole byte, and ``base`` (the element of its signs' byte 0) is a multiple of 8 not after ``low``."""
+    if base % 8 or not base <= low <= high or (low != stopped and low % 8):
+        raise ValueError(
+            f"a {who} pass continues where it stopped ({stopped}) or starts on a whole byte, and its "
+            f"signs' byte 0 is element {base} (a multiple of 8, not after {low}): got [{low}, {high})"
+        )
+
+
 class WorkerPass:
     """One call's worker step in one pass over memory (issue #15): per segment, y = e + x, its 1-norm, the
     scale (rounded to bfloat16 where the wire carries that), then the signs and e ← y − s·sign(y) while the
@@ -1104,11 +1116,7 @@ class WorkerPass:
             self._coefficients = (np.float32(0.0), np.float32(0.0), np.float32(1.0))
 
     def run(self, low: int, high: int, packed: torch.Tensor, base: int) -> None:
-        if base % 8 or not base <= low <= high or (low != self._next and low % 8):
-            raise ValueError(
-                f"a worker pass continues where it stopped ({self._next}) or starts on a whole byte, and its "
-                f"signs' byte 0 is element {base} (a multiple of 8, not after {low}): got [{low}, {high})"
-            )
+        _check_stretch("worker", low, high, base, self._next)
         function = self._kernels._functions["worker_pass"]
         packed_bytes = packed.reshape(-1).numpy()
         beta1, weight, scale = self._coefficients
@@ -1195,11 +1203,7 @@ class ServerPass:
         self._acc, self._next = 0, 0
 
     def run(self, low: int, high: int, packed: torch.Tensor, base: int) -> None:
-        if base % 8 or not base <= low <= high or (low != self._next and low % 8):
-            raise ValueError(
-                f"a server pass continues where it stopped ({self._next}) or starts on a whole byte, and its "
-                f"signs' byte 0 is element {base} (a multiple of 8, not after {low}): got [{low}, {high})"
-            )
+        _check_stretch("server", low, high, base, self._next)
         kernels = self._kernels
         acc = self._acc if low == self._next else 0
         ((_, _, runs),) = kernels._pass_parts(self._plan, None, low, high)

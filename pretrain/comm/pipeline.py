@@ -348,15 +348,16 @@ class PipelinedExchange:
 
 @dataclass(frozen=True)
 class _Stretch:
-    """Phase one, fused: elements [low, high) of the buffer in chunk ``chunk`` (segment bounds), its
-    segments [first, last) in the worker's scale order. It sends the signs of elements [low & ~7,
-    high & ~7) (whole bytes: a byte that straddles ``high`` goes with the next stretch)."""
+    """The fused call's unit: elements [low, high) (segment bounds; a worker's: buffer positions, a server's:
+    chunk positions), its segments [first, last) (the worker's scale order, or the chunk's). It sends the
+    signs of elements [low & ~7, high & ~7) (whole bytes: a byte that straddles ``high`` goes with the next
+    stretch). A server's stretch is served once the workers' stretches up to ``piece`` have arrived."""
 
-    chunk: int
     low: int
     high: int
     first: int
     last: int
+    piece: int = -1
 
     @property
     def bytes_low(self) -> int:
@@ -398,39 +399,18 @@ def fused_stretches(engine, pieces: int) -> list[list[_Stretch]] | None:
             return None
         segments = np.searchsorted(bounds, cuts)
         stretches.append(
-            [_Stretch(j, a, b, int(s), int(t)) for a, b, s, t in zip(cuts, cuts[1:], segments, segments[1:])]
+            [_Stretch(a, b, int(s), int(t)) for a, b, s, t in zip(cuts, cuts[1:], segments, segments[1:])]
         )
     return stretches
 
 
-@dataclass(frozen=True)
-class _ServerStretch:
-    """Fused phase 2: the server's elements [low, high) of its chunk (segment bounds, chunk positions), its
-    segments [first, last) (the chunk's), served once the workers' stretches up to ``piece`` have arrived;
-    it sends the signs of bytes [low // 8, high // 8)."""
-
-    piece: int
-    low: int
-    high: int
-    first: int
-    last: int
-
-    @property
-    def bytes_low(self) -> int:
-        return self.low // 8
-
-    @property
-    def bytes_high(self) -> int:
-        return self.high // 8
-
-
 def server_stretches(
     stretches: list[_Stretch], chunk_runs: list[Run], origin: int, chunk: int
-) -> list[_ServerStretch]:
+) -> list[_Stretch]:
     """A chunk's server stretches: after worker stretch b has arrived, the chunk's whole segments up to
     the last byte it completes (a stretch per piece that adds at least a byte; the last one to the end)."""
     bounds = segment_bounds(chunk_runs)
-    parts: list[_ServerStretch] = []
+    parts: list[_Stretch] = []
     low = 0
     for b, stretch in enumerate(stretches):
         if b == len(stretches) - 1:
@@ -441,7 +421,7 @@ def server_stretches(
             if high // 8 <= low // 8:
                 continue
         first, last = (int(i) for i in np.searchsorted(bounds, [low, high]))
-        parts.append(_ServerStretch(b, low, high, first, last))
+        parts.append(_Stretch(low, high, first, last, piece=b))
         low = high
     return parts
 
