@@ -76,6 +76,9 @@ ACCUMULATE_BLOCK = 4096
 # segment's norm is the sum, in order, of the partial sums of its blocks of this many elements from its
 # start. 16 KiB: the fused worker pass adds a block and sums it while it is in L1.
 SUM_BLOCK = 4096
+# Rows of a matrix whose column squares `square_marginal_rows` sums in fp32 before adding them to its
+# float64 column sums.
+MARGINAL_FLUSH = 32
 
 
 @dataclass(frozen=True)
@@ -642,34 +645,39 @@ def _numba_functions() -> dict[str, Any]:
 
     fma = fma_intrinsic()
 
-    @jit
-    def _scaled(row, scale, out):
-        # out ← scale·row in fp32, as `g.mul_(s)` (a function of its own: no reassoc on these products)
-        for j in range(row.shape[0]):
-            out[j] = row[j] * scale
-        return out
-
     @functools.partial(numba.njit, cache=True, boundscheck=False, nogil=True, fastmath={"reassoc"})
-    def _square_row(row, columns):
-        # Σ row² in float64 (vectorised: `reassoc`, an order fixed by the compiled code), and columns += row²
-        total = 0.0
+    def _square_row(row, scale, partial):
+        # Σ (s·row)² in fp32 (vectorised: `reassoc` on this loop only, an order fixed by the compiled code),
+        # and partial += (s·row)², the column squares of a block of rows in fp32
+        total = np.float32(0.0)
         for j in range(row.shape[0]):
-            square = np.float64(row[j] * row[j])  # the fp32 square, as torch.mul
+            value = row[j] * scale
+            square = value * value
             total += square
-            columns[j] += square
+            partial[j] += square
         return total
 
     @jit
-    def square_marginal_rows(flat, stop, done, inner, scale, outer_sums, columns, scratch):
+    def _flush_columns(columns, partial):
+        for j in range(columns.shape[0]):
+            columns[j] += np.float64(partial[j])
+            partial[j] = np.float32(0.0)
+
+    @jit
+    def square_marginal_rows(flat, stop, done, inner, scale, outer_sums, columns, partial):
         # The rows of `inner` elements of the row-major matrix `flat` (1-D) that end by `stop`, from row
-        # `done` on: outer_sums[row] += Σ (s·g)² over it (rounded to fp32), columns (float64) += (s·g)²;
-        # returns the rows done. `pretrain.optim.marginals` and the fused worker pass both run this.
+        # `done` on: outer_sums[row] += Σ (s·g)² over it (in fp32), the columns' (s·g)² summed in fp32 over
+        # MARGINAL_FLUSH rows at a time (counted from the matrix's first: `partial`, fp32, zeroed where such
+        # a block starts) and each block's sums added into `columns` (float64); returns the rows done.
+        # `pretrain.optim.marginals` and the fused worker pass both run this.
+        rows = flat.shape[0] // inner
+        if done % MARGINAL_FLUSH == 0:
+            partial[:inner] = np.float32(0.0)
         while (done + 1) * inner <= stop:
-            row = flat[done * inner : (done + 1) * inner]
-            if scale != 1.0:
-                row = _scaled(row, scale, scratch)
-            outer_sums[done] += np.float32(_square_row(row, columns))
+            outer_sums[done] += _square_row(flat[done * inner : (done + 1) * inner], scale, partial)
             done += 1
+            if done % MARGINAL_FLUSH == 0 or done == rows:
+                _flush_columns(columns, partial)
         return done
 
     @numba.njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
@@ -746,7 +754,7 @@ def _numba_functions() -> dict[str, Any]:
         outer_sums,
         columns,
         done,
-        row_scratch,
+        partials,
         flags,
         cell,
         cell_bits,
@@ -777,7 +785,7 @@ def _numba_functions() -> dict[str, Any]:
                         )
                         if inner > 0:
                             done = square_marginal_rows(
-                                grad, b, done, inner, scale, outer_sums, columns, row_scratch
+                                grad, b, done, inner, scale, outer_sums, columns, partials
                             )
                     else:
                         _add(error[i:high], values[i:high])
@@ -821,7 +829,7 @@ class NumbaKernels(CompressionKernels):
         self._flags = np.zeros(SUM_BLOCK + 8, dtype=np.uint8)
         # a source's marginals: none, and a row of (scaled) gradient
         self._no_sums = np.zeros(0, dtype=np.float32)
-        self._row_scratch = np.empty(0, dtype=np.float32)
+        self._partials = np.empty(0, dtype=np.float32)
         # `_source_tables`, per plan and source layout
         self._tables: weakref.WeakKeyDictionary[_RunPlan, dict[tuple[Any, ...], Any]] = (
             weakref.WeakKeyDictionary()
@@ -858,8 +866,8 @@ class NumbaKernels(CompressionKernels):
         for k, (low, high, table) in enumerate(tensors):
             sums = marginals[k]
             outer, inner = (self._no_sums, self._no_sums) if sums is None else (s.numpy() for s in sums)
-            if inner.shape[0] > self._row_scratch.shape[0]:
-                self._row_scratch = np.empty(inner.shape[0], dtype=np.float32)
+            if inner.shape[0] > self._partials.shape[0]:
+                self._partials = np.empty(inner.shape[0], dtype=np.float32)
             fused(
                 error[low:high],
                 source.exp_avgs[k].numpy(),
@@ -873,7 +881,7 @@ class NumbaKernels(CompressionKernels):
                 inner.shape[0],
                 outer,
                 inner,
-                self._row_scratch[: inner.shape[0]],
+                self._partials[: inner.shape[0]],
             )
         for low, high, table in rest:
             self._functions["add_segment_abs_sums"](error[low:high], values[low:high], table, out)
@@ -1070,12 +1078,14 @@ class WorkerPass:
 
     ``run(low, high, packed, base)`` takes elements [low, high) (segment bounds), writing their signs into
     ``packed`` (byte 0: elements base … base + 7, base a multiple of 8) and their scales into ``scales``
-    (the plan's segment order); calls go in buffer order (the pipeline sends each stretch as it is done:
-    :mod:`pretrain.comm.pipeline`) and together cover the buffer once. A call that ends inside a byte
-    leaves that byte to the next call, which continues where it stopped (into the same ``packed``): after
-    ``run(low, high, …)`` the bytes of elements up to high & ~7 are complete. With a
-    :class:`MomentumSource`, x is formed from it tensor by tensor, and a matrix's square marginals are
-    summed as its rows go by, its column sums rounded and added once its last stretch is done."""
+    (the plan's segment order); calls go in buffer order within each of the pipeline's chunks, the chunks
+    in any order (the pipeline sends each stretch as it is done: :mod:`pretrain.comm.pipeline`), and
+    together cover the buffer once. A call that ends inside a byte leaves that byte to the next call, which
+    continues where it stopped (into the same ``packed``): after ``run(low, high, …)`` the bytes of
+    elements up to high & ~7 are complete. With a :class:`MomentumSource`, x is formed from it tensor by
+    tensor, and a matrix's square marginals are summed as its rows go by (a call also sums the rows before
+    its stretch still undone: always in row order, so the same bits), its column sums rounded and added
+    once its last stretch is done (which sums every row left)."""
 
     def __init__(
         self,
@@ -1108,7 +1118,7 @@ class WorkerPass:
                     self._marginals.append(None)
                     continue
                 outer, inner = (t.numpy() for t in sums)
-                # [outer sums, inner sums, float64 column sums, rows done, a row of scratch]
+                # [outer sums, inner sums, float64 column sums, rows done, fp32 column partials]
                 self._marginals.append(
                     [outer, inner, np.zeros(inner.shape[0]), 0, np.empty(inner.shape[0], dtype=np.float32)]
                 )

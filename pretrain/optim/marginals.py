@@ -2,13 +2,15 @@
 up every compression step (:meth:`OnebitLamb._accumulate_marginals`), for every weight matrix.
 
 On CPU with numba (the compressed allreduce's kernels, :mod:`pretrain.comm.kernels`) one loop reads the
-matrix once: each row's squares summed in float64 (vectorised: ``reassoc`` on this loop, an order fixed by
-the compiled code), the columns' in a float64 row of length C (in cache), both rounded to fp32 once per call
-and added to the sums. The torch path (elsewhere, or without numba) squares blocks of rows into the
-workspace and sums them with ATen, four passes over a block: 0.12 s of each 4-rank BERT-Base step per rank
-on the 2-core bench machine; ``python -m bench optim``'s ``onebit_lamb_square_marginals`` record compares
-the two on one thread. They differ in the last bits; each is deterministic, and every worker (virtual or a
-real rank) runs the same one, so virtual workers still match real ranks bit for bit.
+matrix once: each row's squares summed in fp32 (vectorised: ``reassoc`` on this loop, an order fixed by the
+compiled code), the columns' in an fp32 row of length C (in cache) over `kernels.MARGINAL_FLUSH` rows at a
+time, each such block added into float64 column sums, rounded to fp32 once per call; within a few units in
+the last place of the rounded float64 sums (tested; float64 throughout cost 0.24–0.29 ns per element of the
+fused worker pass, this 0.16: issue #15). The torch path (elsewhere, or without numba) squares blocks of rows
+into the workspace and sums them with ATen, four passes over a block: 0.12 s of each 4-rank BERT-Base step
+per rank on the 2-core bench machine; ``python -m bench optim``'s ``onebit_lamb_square_marginals`` record
+compares the two on one thread. They differ in the last bits; each is deterministic, and every worker
+(virtual or a real rank) runs the same one, so virtual workers still match real ranks bit for bit.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def _numba_marginals() -> Any:
 
     @numba.njit(cache=True, boundscheck=False, nogil=True)
     def add_square_marginals(flat, rows, cols, row_sums, col_sums, scale, scratch):
-        # the row-major matrix `flat` [rows·cols] times `scale` (1: as it is), its rows through `scratch`
+        # the row-major matrix `flat` [rows·cols] times `scale` (1: as it is); `scratch`: fp32 column partials
         columns = np.zeros(cols, dtype=np.float64)
         rows_of(flat, rows * cols, 0, cols, scale, row_sums, columns, scratch)
         for j in range(cols):

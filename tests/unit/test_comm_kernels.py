@@ -443,14 +443,20 @@ def _fused_case(with_source: bool):
 
 @pytest.mark.parametrize("bfloat16", [False, True])
 @pytest.mark.parametrize("with_source", [False, True])
-@pytest.mark.parametrize("cuts", [(), (120, 360, 728), (270, 721, 723)], ids=["whole", "bytes", "mid_byte"])
-def test_the_fused_worker_pass_equals_the_separate_passes(cuts, with_source, bfloat16):
+@pytest.mark.parametrize(
+    "cuts, rotate",
+    [((), 0), ((120, 360, 728), 0), ((270, 721, 723), 0), ((120, 360, 728), 2)],
+    ids=["whole", "bytes", "mid_byte", "chunks_rotated"],
+)
+def test_the_fused_worker_pass_equals_the_separate_passes(cuts, rotate, with_source, bfloat16):
     """`worker_pass` (issue #15: y = e + x, the scales, their rounding, the signs and e ← y − s·sign(y) per
     segment while it is in cache) gives the error, scales, signs and square marginals of `add_scales_`, the
     rounding and `compress_` bit for bit, in one stretch or cut at segment bounds (a matrix's rows in two
     stretches: its marginals carried over; stretches that end inside a byte, whose next call completes it),
     from a buffer or from a `MomentumSource`, with bfloat16 scales
-    (a tie, and a scale rounding to infinity) or fp32 ones; the torch kernels do not fuse it."""
+    (a tie, and a scale rounding to infinity) or fp32 ones; the torch kernels do not fuse it. Rotated: the
+    stretches from element 360 on first, then those before it (as the pipeline takes its own chunk last), the
+    column-major matrix's later rows before its earlier ones: its marginals still summed in row order."""
     plan, _, _, _ = _fused_case(with_source)
     numel = plan.runs[-1].end
     results = []
@@ -463,10 +469,11 @@ def test_the_fused_worker_pass_equals_the_separate_passes(cuts, with_source, bfl
         if fused:
             worker = kernels.worker_pass(error, buffer, plan, scales, source, bfloat16=bfloat16)
             assert worker is not None
-            bounds = [0, *cuts, numel]
-            for low, high in itertools.pairwise(bounds):
+            stretches = list(itertools.pairwise([0, *cuts, numel]))
+            for low, high in stretches[rotate:] + stretches[:rotate]:
+                untouched = packed[high // 8 :].clone()
                 worker.run(low, high, packed, 0)
-                assert torch.equal(packed[high // 8 :], torch.zeros_like(packed[high // 8 :]))
+                assert torch.equal(packed[high // 8 :], untouched)
         else:
             kernels.add_scales_(error, buffer, plan, scales, source=source)
             if bfloat16:
