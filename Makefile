@@ -11,6 +11,7 @@ TORCH       ?= torch==2.13.0
 CONSTRAINTS ?= constraints.txt
 PIP_C       := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP       := $(VENV)/.setup-stamp
+BENCH_STAMP := $(VENV)/.bench-stamp
 comma       := ,
 
 DATA   ?=
@@ -150,7 +151,12 @@ compare: setup
 dashboard: setup
 	$(PY) -m results.compare.dashboard $(ARGS)
 
-bench: setup
+# the bench extra (torch-optimizer: the records that race torch_optimizer.Lamb), installed once
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q $(PIP_C) -e ".[dev,bench]"
+	@touch $@
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench $(ARGS)
 
 # needs root (network namespaces, veth, tc); ARGS=--quick for the seconds-long variant (*_quick.json,
