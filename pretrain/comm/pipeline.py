@@ -266,7 +266,7 @@ class PipelinedExchange:
             all_scales[own],
             bfloat16=bfloat16,
         )
-        parts = list(enumerate(fused.server_stretches[rank]))
+        parts, served = fused.server_stretches[rank], 0
         for b, stretch in enumerate(self.stretches[rank]):
             worker.run(stretch.low, stretch.high, signs[rank], rank * chunk)  # type: ignore[union-attr]
             scales_in[rank, stretch.first - local : stretch.last - local].copy_(
@@ -277,8 +277,9 @@ class PipelinedExchange:
             if fused.wire:
                 arrived = slice(stretch.first - local, stretch.last - local)
                 received_scales[:, arrived].copy_(scales_in[:, arrived])
-            while parts and parts[0][1].piece <= b:
-                t, part = parts.pop(0)
+            while served < len(parts) and parts[served].piece <= b:
+                t, part = served, parts[served]
+                served += 1
                 server.run(part.low, part.high, gathered[rank], 0)  # type: ignore[union-attr]
                 mine = all_scales[own][part.first : part.last]
                 if fused.wire:
@@ -295,7 +296,7 @@ class PipelinedExchange:
                         )
                     )
                     sends.append(dist.isend(mine, dst=peers[j], group=group, tag=tag + 1))
-        assert not parts, "every server stretch is served after the worker's last stretch"
+        assert served == len(parts), "every server stretch is served by the worker's last stretch"
         # 3. this chunk decoded at once; the others' stretch by stretch as they arrive
         kernels = engine.kernels
         kernels.decode_(
