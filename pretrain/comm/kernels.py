@@ -827,7 +827,7 @@ class NumbaKernels(CompressionKernels):
         self._term = np.empty(ACCUMULATE_BLOCK, dtype=np.float32)
         # compress's sign flags, one byte per element of a stretch (+ 8 for its first, partial byte)
         self._flags = np.zeros(SUM_BLOCK + 8, dtype=np.uint8)
-        # a source's marginals: none, and a row of (scaled) gradient
+        # a source's marginals: none, and the fp32 column partials of `square_marginal_rows`
         self._no_sums = np.zeros(0, dtype=np.float32)
         self._partials = np.empty(0, dtype=np.float32)
         # `_source_tables`, per plan and source layout
