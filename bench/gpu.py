@@ -72,7 +72,7 @@ STEP_SECONDS = {
     "pipeline": 100,
     "optim": 60,
     "throughput": 170,
-    "profile": 170,
+    "profile": 30,  # each of its arms checks the budget itself (a compiled arm needs 90 s)
 }
 
 # NVIDIA DeepLearningExamples, PyTorch BERT-Large pretraining, DGX A100 80 GB, per GPU (issue #16)
@@ -128,6 +128,7 @@ class Context:
     device_name: str
     results: dict[str, float] = field(default_factory=dict)  # figures later checks reuse
     failures: list[str] = field(default_factory=list)
+    kernel_tables: dict[str, str] = field(default_factory=dict)  # costliest kernels by step (*_kernels.txt)
 
     def config(self, **extra: Any) -> dict[str, Any]:
         info: dict[str, Any] = {"device": self.device_name}
@@ -652,12 +653,25 @@ def _pretraining_batch(micro: int, seq: int, masked: int, vocab: int, device: to
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _training_step(ctx: Context, objective: Any, batch: dict[str, Any]) -> Callable[[], None]:
+def _training_step(
+    ctx: Context, objective: Any, batch: dict[str, Any], cuda_graphs: bool = False
+) -> Callable[[], None]:
     """The pretrainer's micro-step (pretrain/trainer.py `_micro_step`) without the loss scaler: forward
-    under bf16 autocast, backward; gradients accumulate."""
+    under bf16 autocast, backward; gradients accumulate. ``cuda_graphs`` (an objective compiled with
+    mode="reduce-overhead"): every step marked as a new graph replay, and the gradients allocated before the
+    first, so that accumulation adds the graph's outputs into them instead of keeping the graph's own memory
+    as ``.grad`` (which the next replay overwrites: "accessing tensor output of CUDAGraphs that has been
+    overwritten", an H200, 2026-11-28)."""
     from pretrain.distributed import autocast_context
 
+    parameters = [p for p in objective.parameters() if p.requires_grad] if cuda_graphs else []
+
     def step() -> None:
+        if cuda_graphs:
+            for parameter in parameters:
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast_context(ctx.device, "bf16"):
             mlm, nsp, _, _ = objective(**batch)
         (mlm + nsp).backward()
@@ -666,10 +680,15 @@ def _training_step(ctx: Context, objective: Any, batch: dict[str, Any]) -> Calla
 
 
 def _samples_per_s(
-    ctx: Context, model: torch.nn.Module, objective: Any, batch: dict[str, Any], reps: int
+    ctx: Context,
+    model: torch.nn.Module,
+    objective: Any,
+    batch: dict[str, Any],
+    reps: int,
+    cuda_graphs: bool = False,
 ) -> tuple[float, float]:
     """(samples/s over `reps` timed steps, seconds of the first step: the compile, if any)."""
-    step = _training_step(ctx, objective, batch)
+    step = _training_step(ctx, objective, batch, cuda_graphs)
     started = time.perf_counter()
     step()
     _sync(ctx.device)
@@ -698,6 +717,7 @@ def check_throughput(ctx: Context) -> list[Record]:
         flops = training_flops(seq, masked, layers, hidden, intermediate, vocab)
         # one static graph per sequence length (dynamic=False): a second length would otherwise recompile
         # with dynamic shapes, slower kernels than either length gets alone
+        torch._dynamo.reset()  # a fresh cache per compile: past its recompile limit Dynamo runs eager
         compiled = torch.compile(eager, dynamic=False)
         for mode, objective in (("eager", eager), ("compiled", compiled)):
             needs = 20 if mode == "eager" else 110
@@ -708,6 +728,11 @@ def check_throughput(ctx: Context) -> list[Record]:
             reps = 2 if ctx.smoke else 10
             samples_per_s, first_s = _samples_per_s(ctx, model, objective, batch, reps)
             seconds = micro / samples_per_s
+            ctx.results[f"seq{seq}_{mode}_samples_per_s"] = samples_per_s
+            kernels: dict[str, Any] = {}
+            if mode == "compiled":  # where the step goes, from 3 more steps (~1 s)
+                kernels = _kernel_breakdown(ctx, f"seq {seq} compiled", objective, batch, seconds)
+                model.zero_grad(set_to_none=True)
             config = ctx.config(
                 model=size.value,
                 seq=seq,
@@ -721,6 +746,7 @@ def check_throughput(ctx: Context) -> list[Record]:
                 flops_per_sequence=flops,
                 flops_formula="bench.gpu.training_flops",
                 peak_tflops=ctx.peak,
+                **kernels,
             )
             nvidia = NVIDIA_SAMPLES_PER_S.get(seq)
             scaled = nvidia * ctx.peak / NVIDIA_PEAK_TFLOPS if (nvidia and ctx.peak) else None
@@ -799,7 +825,7 @@ def _kernel_profile(ctx: Context, step: Callable[[], None], steps: int) -> tuple
         if ctx.device.type == "cuda" and event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         total = getattr(event, "self_device_time_total", None)
-        if total is None:
+        if total is None or ctx.device.type != "cuda":
             total = event.self_cpu_time_total
         kernels.append((total / 1e6 / steps, event.count // steps, event.key))
     kernels.sort(reverse=True)
@@ -811,13 +837,80 @@ def _kernel_profile(ctx: Context, step: Callable[[], None], steps: int) -> tuple
     return classes, "\n".join(lines)
 
 
+def _kernel_breakdown(
+    ctx: Context,
+    label: str,
+    objective: Any,
+    batch: dict[str, Any],
+    step_seconds: float,
+    cuda_graphs: bool = False,
+) -> dict[str, Any]:
+    """The step's device seconds by kernel class (config fields), its share of the timed step and the share
+    no kernel ran (launch gaps, host syncs); the costliest kernels go to `ctx.kernel_tables[label]`."""
+    classes, table = _kernel_profile(ctx, _training_step(ctx, objective, batch, cuda_graphs), steps=3)
+    ctx.kernel_tables[label] = table
+    busy = sum(classes.values())
+    return {
+        "kernel_seconds_per_step": classes,
+        "step_seconds": step_seconds,
+        "kernel_share": {k: round(v / step_seconds, 3) for k, v in classes.items()},
+        "idle_share": round(max(0.0, 1 - busy / step_seconds), 3),
+    }
+
+
+def _host_syncs(ctx: Context, step: Callable[[], None]) -> int:
+    """Synchronizing CUDA calls in one step (`torch.cuda.set_sync_debug_mode("warn")`); 0 off CUDA."""
+    if ctx.device.type != "cuda":
+        return 0
+    import warnings
+
+    _sync(ctx.device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+# check_profile's arms, by mode, in the order they run (the costliest last: a compile each, ~1 min)
+PROFILE_ARMS = {
+    "eager": ("baseline", "no_mask", "no_dropout", "column_major", "boolean_index"),
+    "compiled": (
+        "baseline",
+        "layers4",
+        "cuda_graphs",
+        "micro128",
+        "column_major",
+        "no_mask",
+        "coordinate_descent",
+    ),
+}
+
+
 def check_profile(ctx: Context) -> list[Record]:
-    """Where BERT-Large's seq-128 step spends its time (opt-in: `--steps=profile`): ablations that each
-    remove one suspect (the padding mask that keeps SDPA off its flash kernel, dropout) or put back the
-    boolean-index gather of the masked positions (`boolean_index`), eager and compiled,
-    and the compiled step's kernels by class (matmul, attention, Triton-fused, other) with the top 25 in
-    gpu_profile.txt beside gpu.json."""
-    from pretrain.model import ModelConfig, ModelSize, PretrainingObjective, build_model
+    """Where BERT-Large's seq-128 step spends its time (opt-in: `--steps=profile`), against the baseline step
+    of `throughput` (compiled here only when that check did not run): arms that each change one thing.
+    `no_mask` drops the all-ones attention mask (SDPA without a mask), `no_dropout` dropout,
+    `column_major` stores the linear weights as 1-bit LAMB's per-column exchange does
+    (`pretrain.model.column_major_linear_weights_`: what `make pretrain OPT=onebit_lamb` trains),
+    `boolean_index` gathers the masked positions with a boolean index (as before the collator's static
+    `mlm_positions`), `layers4` keeps 4 of the 24 layers (the GPU's idle time per layer, and the host syncs
+    of one compiled step, `host_syncs`), `cuda_graphs` compiles with `mode="reduce-overhead"` (the step
+    replayed as CUDA graphs: no launch gaps), `micro128` doubles the micro-batch (half the launches per
+    sample), `coordinate_descent` compiles with Inductor's coordinate-descent tuning of its generated
+    kernels. Eager: every arm; compiled: each only while 90 s of the budget are left. An arm that fails is
+    reported and the others run. Every compiled arm's kernels by class in its config, the costliest in
+    gpu_kernels.txt."""
+    from pretrain.model import (
+        ModelConfig,
+        ModelSize,
+        PretrainingObjective,
+        build_model,
+        column_major_linear_weights_,
+    )
 
     size = ModelSize.bert_tiny if ctx.smoke else ModelSize.bert_large
     seq = 32 if ctx.smoke else 128
@@ -825,54 +918,76 @@ def check_profile(ctx: Context) -> list[Record]:
     masked = MASKED_PER_SEQUENCE.get(seq, 5)
     reps = 2 if ctx.smoke else 10
     batch = _pretraining_batch(micro, seq, masked, 30522, ctx.device)
-    no_mask = {**batch, "attention_mask": None}
-    # the masked positions gathered by a boolean index (data-dependent shape: a host sync on the GPU and a
-    # graph break), as before the collator's static mlm_positions
-    boolean_index = {k: v for k, v in batch.items() if k != "mlm_positions"}
-    models = {
-        "dropout": build_model(ModelConfig(size=size), 30522, ctx.device).train(),
-        "no_dropout": build_model(
-            ModelConfig(size=size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-            30522,
-            ctx.device,
-        ).train(),
+    inputs = {
+        "baseline": batch,
+        "no_mask": {**batch, "attention_mask": None},
+        # a data-dependent shape: a host sync on the GPU and a graph break
+        "boolean_index": {k: v for k, v in batch.items() if k != "mlm_positions"},
+        "micro128": _pretraining_batch(2 * micro, seq, masked, 30522, ctx.device),
     }
+
+    def model_for(arm: str) -> torch.nn.Module:
+        dropout = 0.0 if arm == "no_dropout" else 0.1
+        config = ModelConfig(size=size, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+        model = build_model(config, 30522, ctx.device).train()
+        if arm == "column_major":
+            column_major_linear_weights_(model)
+        if arm == "layers4":
+            model.bert.encoder.layer = model.bert.encoder.layer[:4]
+        return model
+
+    def run_arm(mode: str, label: str, config: dict[str, Any]) -> float:
+        model = model_for(label)
+        objective: Any = PretrainingObjective(model)
+        how: dict[str, Any] = {}
+        if mode == "compiled":
+            torch._dynamo.reset()
+            how = {  # torch.compile takes a mode or options, not both
+                "cuda_graphs": {"mode": "reduce-overhead"},
+                "coordinate_descent": {"options": {"coordinate_descent_tuning": True}},
+            }.get(label, {})
+            objective = torch.compile(objective, dynamic=False, **how)
+        arm_inputs = inputs.get(label, batch)
+        graphs = label == "cuda_graphs" and ctx.device.type == "cuda"
+        rate, first_s = _samples_per_s(ctx, model, objective, arm_inputs, reps, graphs)
+        config["first_step_s"] = round(first_s, 1)
+        if mode == "compiled":
+            sample_count = len(arm_inputs["input_ids"])
+            label_of = f"seq {seq} compiled {label}"
+            config.update(
+                _kernel_breakdown(ctx, label_of, objective, arm_inputs, sample_count / rate, graphs)
+            )
+            if label == "layers4":
+                config["host_syncs"] = _host_syncs(ctx, _training_step(ctx, objective, arm_inputs))
+        model.zero_grad(set_to_none=True)
+        return rate
+
     records: list[Record] = []
-    results: dict[tuple[str, str], float] = {}
-    for mode in ("eager", "compiled"):
-        variants = [
-            ("dropout", batch, "baseline"),
-            ("dropout", no_mask, "no_mask"),
-            ("no_dropout", batch, "no_dropout"),
-            ("no_dropout", no_mask, "no_mask_no_dropout"),
-            ("dropout", boolean_index, "boolean_index"),
-        ]
-        if mode == "compiled":  # each compile costs ~40 s on an H200: the baseline, both removed, the index
-            variants = [variants[0], variants[3], variants[4]]
-        for model_key, inputs, label in variants:
-            if ctx.left() < (15 if mode == "eager" else 90) and not ctx.smoke:
+    for mode, labels in PROFILE_ARMS.items():
+        baseline = None
+        for label in labels:
+            config = ctx.config(seq=seq, micro_batch=2 * micro if label == "micro128" else micro, mode=mode)
+            config["variant"] = label
+            reused = ctx.results.get(f"seq{seq}_{mode}_samples_per_s") if label == "baseline" else None
+            if reused is not None:  # throughput's step: the same model, batch and compile
+                rate = reused
+                config["from"] = "throughput"
+            elif ctx.left() < (15 if mode == "eager" else 90) and not ctx.smoke:
                 ctx.fail(f"profile: {mode} {label} not run, {ctx.left():.0f} s of --budget-s left")
                 continue
-            model = models[model_key]
-            objective = PretrainingObjective(model)
-            if mode == "compiled":
-                objective = torch.compile(objective, dynamic=False)
-            rate, first_s = _samples_per_s(ctx, model, objective, inputs, reps)
-            results[(mode, label)] = rate
-            config = ctx.config(
-                seq=seq, micro_batch=micro, mode=mode, variant=label, first_step_s=round(first_s, 1)
-            )
-            if label == "baseline" and mode == "compiled":
-                classes, table = _kernel_profile(ctx, _training_step(ctx, objective, inputs), steps=3)
-                (ctx.out_dir / "gpu_profile.txt").write_text(table + "\n")
-                step_s = micro / rate
-                config.update(
-                    kernel_seconds_per_step=classes,
-                    step_seconds=step_s,
-                    kernel_share={k: round(v / step_s, 3) for k, v in classes.items()},
-                )
-                print(table, flush=True)
-            baseline = results.get((mode, "baseline"))
+            else:
+                try:
+                    rate = run_arm(mode, label, config)
+                except Exception as error:  # one arm's failure must not take the others' figures down
+                    traceback.print_exc()
+                    ctx.fail(
+                        f"profile: {mode} {label}: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                    )
+                    continue
+                finally:
+                    torch._dynamo.reset()
+                    _free_memory()
+            baseline = rate if label == "baseline" else baseline
             records.append(
                 Record(
                     f"profile_seq{seq}_{mode}_{label}_samples_per_s",
@@ -883,9 +998,6 @@ def check_profile(ctx: Context) -> list[Record]:
                     config=config,
                 )
             )
-            model.zero_grad(set_to_none=True)
-    del models
-    _free_memory()
     return records
 
 
@@ -1022,6 +1134,18 @@ CHECKS: dict[str, Callable[[Context], list[Record]]] = {
 }
 
 
+def _write_kernel_tables(ctx: Context, result_name: str) -> None:
+    """The costliest kernels of every profiled step to <out>/<result>_kernels.txt (temp name, then rename)."""
+    if not ctx.kernel_tables:
+        return
+    tables = ctx.kernel_tables.items()
+    text = "\n\n".join(f"## {label} ({ctx.device_name})\n{table}" for label, table in tables)
+    path = ctx.out_dir / f"{result_name}_kernels.txt"
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text + "\n")
+    temporary.replace(path)
+
+
 def _summary(records: list[Record]) -> str:
     lines = [f"{'record':58s} {'value':>12s} {'peer':>12s} {'ratio':>7s}"]
     for r in records:
@@ -1088,6 +1212,7 @@ def main(argv: list[str]) -> None:
         print(f"[bench gpu] {step}: {time.perf_counter() - step_started:.1f} s", flush=True)
         # after every check: a cut-off run keeps what it did
         write_records(result_name, records, ctx.out_dir, quiet=step != steps[-1])
+        _write_kernel_tables(ctx, result_name)
     print(_summary(records))
     print(f"[bench gpu] {time.perf_counter() - started:.0f} s; ", end="")
     if ctx.failures:

@@ -102,13 +102,22 @@ def test_a_wrong_packer_fails_the_check(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_optim_throughput_and_pipeline_checks_run_on_the_cpu(tmp_path, tiny_data, monkeypatch):
     monkeypatch.setenv("GPU_CHECK_DATA", str(tiny_data))
-    gpu.main(["--cpu-smoke", "--steps=optim,throughput,pipeline", f"--out={tmp_path}"])
+    gpu.main(["--cpu-smoke", "--steps=optim,throughput,pipeline,profile", f"--out={tmp_path}"])
     records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
     for name in ("lamb_eager_step", "lamb_compiled_step", "onebit_lamb_compiled_compression_step"):
         assert records[name]["peer"] == "torch.optim.AdamW(fused=True)" and records[name]["ratio"] > 0
     assert records["toy_seq32_compiled_samples_per_s"]["value"] > 0
     assert records["pipeline_resume_to_step_30"]["config"]["exit_code"] == 0
     assert records["pipeline_finetune_mrpc"]["config"]["exit_code"] == 0
+    # every profile arm ran, the compiled ones with their kernel classes; the baselines are throughput's
+    for mode, arms in gpu.PROFILE_ARMS.items():
+        for arm in arms:
+            record = records[f"profile_seq32_{mode}_{arm}_samples_per_s"]
+            assert record["value"] > 0 and record["peer_value"] > 0
+            assert mode == "eager" or arm == "baseline" or "kernel_seconds_per_step" in record["config"]
+    assert records["profile_seq32_compiled_baseline_samples_per_s"]["config"]["from"] == "throughput"
+    assert records["profile_seq32_compiled_layers4_samples_per_s"]["config"]["host_syncs"] == 0
+    assert "seq 32 compiled layers4" in (tmp_path / "gpu_smoke_kernels.txt").read_text()
 
 
 def test_ddp_buffer_keyword_matches_the_installed_torch(monkeypatch):
@@ -129,3 +138,23 @@ def test_ddp_buffer_keyword_matches_the_installed_torch(monkeypatch):
 
     monkeypatch.setattr(distributed, "DistributedDataParallel", OldDDP)
     assert distributed.no_buffer_sync() == {"broadcast_buffers": False}
+
+
+def test_a_profile_arm_that_fails_leaves_the_other_arms(tmp_path, monkeypatch):
+    """The GPU run of 2026-11-28 lost every profile figure to one arm's error (CUDA graphs); each arm now
+    fails on its own: reported, exit status 1, the others' records written."""
+    from pretrain import model as model_module
+
+    def broken(model):
+        raise RuntimeError("planted: this arm cannot run here")
+
+    monkeypatch.setattr(model_module, "column_major_linear_weights_", broken)
+    arms = {"eager": ("baseline", "column_major", "no_mask"), "compiled": ()}
+    monkeypatch.setattr(gpu, "PROFILE_ARMS", arms)
+    with pytest.raises(SystemExit) as exit_info:
+        gpu.main(["--cpu-smoke", "--steps=profile", f"--out={tmp_path}"])
+    assert exit_info.value.code == 1
+    records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
+    assert "profile_seq32_eager_column_major_samples_per_s" not in records
+    assert records["profile_seq32_eager_no_mask_samples_per_s"]["peer_value"] > 0
+    assert records["profile_seq32_eager_baseline_samples_per_s"]["value"] > 0
