@@ -433,17 +433,28 @@ class OnebitLamb(OnebitOptimizer):
         exchange divisor √v+ε follows (the same on every rank)."""
         if not positions:
             return
-        betas = {id(p): group["betas"] for group in self.param_groups for p in group["params"]}
-        eps = {id(p): group["eps"] for group in self.param_groups for p in group["params"]}
+        # the tensors by their group's (β1, β2, ε), each such list in multi-tensor ops: a few launches on a
+        # GPU instead of five per tensor (~250 vectors in BERT-Large), the same ops per tensor on CPU
+        hyper = {
+            id(p): (*group["betas"], group["eps"]) for group in self.param_groups for p in group["params"]
+        }
+        lists: dict[tuple[float, float, float], list[int]] = {}
+        for k, i in enumerate(positions):
+            lists.setdefault(hyper[id(segment.params[i])], []).append(k)
         divisors = segment.divisors
-        for i, before in zip(positions, previous):
-            param = segment.params[i]
-            beta1, beta2 = betas[id(param)]
-            gradient = before.mul_(-beta1).add_(segment.views[i]).div_(1.0 - beta1)
-            exp_avg_sq = self.state[param]["exp_avg_sq"]
-            exp_avg_sq.mul_(beta2).addcmul_(gradient, gradient, value=1.0 - beta2)
+        for (beta1, beta2, eps), ks in lists.items():
+            gradients = [previous[k] for k in ks]
+            torch._foreach_mul_(gradients, -beta1)
+            torch._foreach_add_(gradients, [segment.views[positions[k]] for k in ks])
+            torch._foreach_div_(gradients, 1.0 - beta1)
+            exp_avg_sqs = [self.state[segment.params[positions[k]]]["exp_avg_sq"] for k in ks]
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, gradients, gradients, value=1.0 - beta2)
             if divisors is not None:
-                torch.sqrt(exp_avg_sq, out=divisors[i]).add_(eps[id(param)])
+                roots = [divisors[positions[k]] for k in ks]
+                torch._foreach_copy_(roots, exp_avg_sqs)
+                torch._foreach_sqrt_(roots)
+                torch._foreach_add_(roots, eps)
 
     def _ratio_bounds(self, group: dict[str, Any]) -> tuple[float, float]:
         """The compression stage's clamp of the live ratio: [1, 1] (no ratio) for an nvlamb group
@@ -496,7 +507,8 @@ class OnebitLamb(OnebitOptimizer):
                 self._refresh_factored(segment)
             elif refresh_now:
                 self._refresh_rank1(segment)
-        previous = [segment.views[i].clone() for i in live]  # m̂ₜ₋₁ of the exactly averaged tensors
+        # m̂ₜ₋₁ of the exactly averaged tensors: copies (×1 is exact) in one multi-tensor op
+        previous = torch._foreach_mul([segment.views[i] for i in live], 1.0) if live else []
         if refresh:
             self._refresh_update(segment, grads, live)
         else:

@@ -820,3 +820,40 @@ def test_nvlamb_warmup_moves_a_zero_bias_like_lamb_and_deepspeeds_does_not():
 def test_nvlamb_warmup_needs_a_live_trust_ratio():
     with pytest.raises(ValueError, match="nvlamb"):
         OnebitLamb(_two_tensors(), freeze_step=2, warmup="nvlamb", trust_ratio="frozen")
+
+
+def test_live_vector_variance_in_multi_tensor_ops_keeps_each_tensors_arithmetic():
+    """The live variance of the exactly averaged vectors runs as multi-tensor ops per (β1, β2, ε) (a few GPU
+    launches instead of five per vector): on CPU the same bits as each tensor's own ops, groups kept apart."""
+    from types import SimpleNamespace
+
+    generator = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(n, generator=generator)) for n in (7, 5, 3, 9)]
+    groups = [
+        {"params": params[:2], "betas": (0.9, 0.999), "eps": 1e-6},
+        {"params": params[2:], "betas": (0.8, 0.99), "eps": 1e-8},
+    ]
+    optimizer = OnebitLamb(groups, lr=0.01, freeze_step=3, exact_vectors=True, live_vector_variance=True)
+    for p in params:
+        optimizer.state[p]["exp_avg_sq"] = torch.rand(p.shape, generator=generator)
+    views = [torch.randn(p.shape, generator=generator) for p in params]
+    previous = [torch.randn(p.shape, generator=generator) for p in params]
+    divisors = [torch.empty(p.shape) for p in params]
+    expected_v, expected_d = [], []
+    for p, view, before in zip(params, views, previous):
+        group = groups[0] if any(p is q for q in groups[0]["params"]) else groups[1]
+        (beta1, beta2), eps = group["betas"], group["eps"]
+        gradient = before.clone().mul_(-beta1).add_(view).div_(1.0 - beta1)
+        v = (
+            optimizer.state[p]["exp_avg_sq"]
+            .clone()
+            .mul_(beta2)
+            .addcmul_(gradient, gradient, value=1.0 - beta2)
+        )
+        expected_v.append(v)
+        expected_d.append(torch.sqrt(v).add_(eps))
+    segment = SimpleNamespace(params=params, views=views, divisors=divisors)
+    optimizer._update_live_variance(segment, [0, 1, 2, 3], previous)
+    for p, v, d, got in zip(params, expected_v, expected_d, divisors):
+        assert torch.equal(optimizer.state[p]["exp_avg_sq"], v)
+        assert torch.equal(got, d)
