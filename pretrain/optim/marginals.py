@@ -93,3 +93,64 @@ def _numba_usable(matrix: Tensor, row_sums: Tensor, col_sums: Tensor) -> bool:
         and not matrix.requires_grad
         and _numba_marginals() is not None
     )
+
+
+# off the CPU: the squares of this many elements at a time (256 MiB of fp32 scratch)
+MULTI_TENSOR_NUMEL = 1 << 26
+
+
+def add_square_marginals_many(
+    matrices: list[Tensor], sums: list[tuple[Tensor, Tensor]], workspace: Workspace, scale: float = 1.0
+) -> None:
+    """:func:`add_square_marginals` for every matrix with its (row_sums, col_sums). On CPU one call each (the
+    same bits); elsewhere in few launches (:func:`multi_tensor_marginals`)."""
+    if matrices and matrices[0].device.type != "cpu":
+        multi_tensor_marginals(matrices, sums, scale)
+        return
+    for matrix, (row_sums, col_sums) in zip(matrices, sums):
+        add_square_marginals(matrix, row_sums, col_sums, workspace, scale)
+
+
+def multi_tensor_marginals(
+    matrices: list[Tensor],
+    sums: list[tuple[Tensor, Tensor]],
+    scale: float = 1.0,
+    chunk_numel: int = MULTI_TENSOR_NUMEL,
+) -> None:
+    """The square marginals for GPUs, where BERT-Large's ~150 matrices through `torch_add_square_marginals`
+    dispatch six torch ops each (~900 launches, the CUDA step bound by the host, `make gpu-check`): the
+    squares of up to `chunk_numel` elements in two multi-tensor ops, then each matrix's row and column sums
+    as two matrix-vector products with ones (one read each). The same sums up to fp32 rounding order."""
+    oriented = []
+    for matrix, (row_sums, col_sums) in zip(matrices, sums):
+        if not matrix.is_contiguous() and matrix.t().is_contiguous():  # column-major: its transpose's rows
+            matrix, row_sums, col_sums = matrix.t(), col_sums, row_sums
+        oriented.append((matrix, row_sums, col_sums))
+    start = 0
+    while start < len(oriented):
+        stop, numel = start, 0
+        while stop < len(oriented) and (stop == start or numel + oriented[stop][0].numel() <= chunk_numel):
+            numel += oriented[stop][0].numel()
+            stop += 1
+        chunk = oriented[start:stop]
+        blocks = [matrix for matrix, _, _ in chunk]
+        if scale == 1.0:
+            squares = torch._foreach_mul(blocks, blocks)
+        else:  # (s·m)², the product rounded to fp32 first, as the other paths
+            squares = torch._foreach_mul(blocks, scale)
+            torch._foreach_mul_(squares, squares)
+        for square, (_, row_sums, col_sums) in zip(squares, chunk):
+            rows, cols = square.shape
+            row_sums.addmv_(square, _ones(cols, square.device, square.dtype))
+            col_sums.addmv_(square.t(), _ones(rows, square.device, square.dtype))
+        start = stop
+
+
+_ONES: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
+
+
+def _ones(length: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    key = (length, device, dtype)
+    if key not in _ONES:
+        _ONES[key] = torch.ones(length, device=device, dtype=dtype)
+    return _ONES[key]

@@ -117,7 +117,7 @@ from pretrain.optim import compiled, lamb_loops
 from pretrain.optim import functional as F
 from pretrain.optim.base import global_grad_norm
 from pretrain.optim.live_step import live_trust_ratio_step_, local_momentum_
-from pretrain.optim.marginals import add_square_marginals
+from pretrain.optim.marginals import add_square_marginals_many
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
 
 logger = logging.getLogger(__name__)
@@ -652,8 +652,10 @@ class OnebitLamb(OnebitOptimizer):
         positions = self._factored_positions(segment)
         for worker, sums in enumerate(self._square_sums_of(segment)):
             own = grads if segment.local is None else segment.views_of(segment.local[worker])
-            for i, (row_sums, col_sums) in zip(positions, self._marginal_views(sums, segment)):
-                add_square_marginals(own[i], row_sums, col_sums, self.workspace, grad_scale)
+            matrices = [own[i] for i in positions]
+            add_square_marginals_many(
+                matrices, self._marginal_views(sums, segment), self.workspace, grad_scale
+            )
 
     def _refresh_factored(self, segment: Any) -> None:
         """refresh_from=factored: the row and column sums' mean over workers and the K steps enter β2^K-EMAs;
