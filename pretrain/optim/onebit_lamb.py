@@ -508,7 +508,7 @@ class OnebitLamb(OnebitOptimizer):
             elif refresh_now:
                 self._refresh_rank1(segment)
         # m̂ₜ₋₁ of the exactly averaged tensors: copies (×1 is exact) in one multi-tensor op
-        previous = torch._foreach_mul([segment.views[i] for i in live], 1.0) if live else []
+        previous = list(torch._foreach_mul([segment.views[i] for i in live], 1.0)) if live else []
         if refresh:
             self._refresh_update(segment, grads, live)
         else:
