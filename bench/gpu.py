@@ -420,6 +420,12 @@ def _time_allreduce(ctx: Context, world_size: int, numel: int, options: dict[str
     return seconds
 
 
+def _error_line(error: Exception) -> str:
+    """An exception as one line for a failure message: its type and its message's first line (any message,
+    an empty one too), at most 300 characters."""
+    return f"{type(error).__name__}: {error}".splitlines()[0][:300]
+
+
 def _guarded(ctx: Context, what: str, function: Callable[..., Any], *args: Any) -> Any:
     """`function(ctx, *args)`, or None with the failure recorded: the compiled kernels' arms must not take
     the torch kernels' figures of the same check down with them."""
@@ -427,7 +433,7 @@ def _guarded(ctx: Context, what: str, function: Callable[..., Any], *args: Any) 
         return function(ctx, *args)
     except Exception as error:
         traceback.print_exc()
-        ctx.fail(f"allreduce: {what}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+        ctx.fail(f"allreduce: {what}: {_error_line(error)}")
         return None
 
 
@@ -980,9 +986,7 @@ def check_profile(ctx: Context) -> list[Record]:
                     rate = run_arm(mode, label, config)
                 except Exception as error:  # one arm's failure must not take the others' figures down
                     traceback.print_exc()
-                    ctx.fail(
-                        f"profile: {mode} {label}: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-                    )
+                    ctx.fail(f"profile: {mode} {label}: {_error_line(error)}")
                     continue
                 finally:
                     torch._dynamo.reset()
@@ -1205,7 +1209,7 @@ def main(argv: list[str]) -> None:
             records += CHECKS[step](ctx)
         except Exception as error:  # one check's failure must not hide the others' results
             traceback.print_exc()
-            message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            message = _error_line(error)
             ctx.fail(f"{step}: {message}")
             records.append(Record(f"{step}_error", math.nan, "", config=ctx.config(error=message)))
         _free_memory()
