@@ -45,6 +45,7 @@ import argparse
 import gc
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -1084,11 +1085,13 @@ def check_pipeline(ctx: Context) -> list[Record]:
             text += f"\n(the log does not mention {missing})"
         if not ok:
             ctx.fail(f"pipeline: {name} (exit {code}):\n{_tail(text)}")
+        kernels = re.search(r"1-bit compression on this machine's \w+: (.+)", text)
         config = ctx.config(
             command=" ".join(base + extra),
             exit_code=code,
             checkpoint=checkpoint,
             backend=backend,
+            comm_kernels=kernels.group(1).strip() if kernels else None,  # what the trainer's exchange ran
             log_tail=_tail(text, 4),
         )
         records.append(

@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from launch import cli
 from pretrain.comm.counter import FP32_BYTES, CallTraffic, compressed_call_traffic, ring_allreduce_bytes
+from pretrain.comm.kernels import describe_kernels
 from pretrain.config import Precision, TrainConfig, WandbMode, to_object
 
 ONEBIT = ("onebit_lamb", "onebit_adam")
@@ -278,6 +279,12 @@ def build(cfg: TrainConfig, world_size: int | None = None) -> Report:
                 f"  1-bit: freeze_step {freeze}; per rank per step {before / 2**20:,.1f} MiB before it "
                 f"(gradient allreduce), {after / 2**20:,.1f} MiB after ({before / after:.1f}x less)"
             )
+            try:
+                report.lines.append(
+                    f"  1-bit compression on this machine's {kind.upper()}: {describe_kernels(kind)}"
+                )
+            except ValueError as error:  # $BERT_LAMB_COMM_KERNELS names kernels this device cannot run
+                report.problems.append(str(error))
     else:
         report.lines.append(f"  traffic: {before / 2**20:,.1f} MiB per rank per step (gradient allreduce)")
     states = state_bytes(cfg, numel, world)

@@ -33,6 +33,7 @@ from data.shards import load_manifest
 from data.tokenizer import load_prepared_tokenizer
 from pretrain import checkpoint as ckpt
 from pretrain.comm.counter import ring_allreduce_bytes
+from pretrain.comm.kernels import describe_kernels
 from pretrain.config import PhaseConfig, Precision, TrainConfig
 from pretrain.diagnostics import Diagnostics, token_counts
 from pretrain.distributed import DistributedEnv, autocast_context, no_buffer_sync
@@ -562,6 +563,8 @@ class Trainer:
             optimizer=self.cfg.optim.name,
             global_batch=self.phases[0].global_batch,
             world_size=self.env.world_size,
+            # what the compressed allreduce runs on this device (numba, compiled, or torch ops + a packer)
+            comm_kernels=describe_kernels(self.env.device) if self.onebit else None,
             # the overrides this process was started with (None when not started as `python -m pretrain`)
             command=" ".join(["python -m pretrain", *sys.argv[1:]]) if _started_as_pretrain() else None,
         )

@@ -40,11 +40,13 @@ Three implementations compute identical bits (tested on random buffers, layouts,
   vectorise, where one loop that packed or unpacked eight strided elements per byte ran at about half the
   speed).
 - :class:`~pretrain.comm.compiled_kernels.CompiledKernels`: one ``torch.compile``'d kernel per operation,
-  any device (Triton on CUDA); for GPUs, opt-in until a GPU has measured it (that module's docstring).
+  any device (Triton on CUDA; that module's docstring).
 
-:func:`get_kernels` is the one place that chooses: numba for CPU buffers when it imports, torch
-otherwise (CUDA, or no numba: the fallback needs nothing beyond torch). ``BERT_LAMB_COMM_KERNELS=torch``
-forces the reference, e.g. to rule the fused path out when debugging; ``=compiled`` the compiled kernels.
+:func:`get_kernels` is the one place that chooses: numba for CPU buffers when it imports, the compiled
+kernels for CUDA buffers when Triton is there, torch otherwise (the fallback needs nothing beyond torch).
+``BERT_LAMB_COMM_KERNELS=torch`` forces the reference, e.g. to rule the fused path out when debugging;
+``=compiled`` the compiled kernels. :func:`describe_kernels` names the choice for a device (the run's
+pre-flight header and its config.yaml say it).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ import numpy as np
 import torch
 
 from pretrain.comm.layout import run_table, segment_bounds
-from pretrain.comm.packing import SignPacker, _sign_table
+from pretrain.comm.packing import SignPacker, _sign_table, get_packer
 from pretrain.comm.pipeline import cut_runs
 
 if TYPE_CHECKING:
@@ -1311,3 +1313,13 @@ def get_kernels(
     if choice == "numba":
         raise ValueError(f"kernels=numba: {reason}")
     return TorchKernels(packer)
+
+
+def describe_kernels(device: torch.device | str, choice: str | None = None) -> str:
+    """What the compressed allreduce on ``device`` runs, as :func:`get_kernels` picks it (``choice`` or
+    $BERT_LAMB_COMM_KERNELS): ``numba`` or ``compiled`` (each packs the signs itself), or ``torch ops, <name>
+    packer`` (the cupy packer on CUDA where it imports). ValueError as :func:`get_kernels` for a choice the
+    device cannot run."""
+    packer = get_packer(device)
+    kernels = get_kernels(device, packer, choice)
+    return kernels.name if kernels.name != "torch" else f"torch ops, {packer.name} packer"

@@ -41,6 +41,19 @@ def test_the_64k_recipe_on_8_ranks(monkeypatch, tmp_path):
     assert "not prepared at" in text and "W&B:" in text and "checkpoints: ~" in text
 
 
+def test_the_compression_kernels_are_named_and_a_bad_choice_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.delenv("BERT_LAMB_COMM_KERNELS", raising=False)
+    report = _report(LARGE, 8, monkeypatch, tmp_path)
+    assert "  1-bit compression on this machine's CPU: numba" in report.lines, report.text()
+    monkeypatch.setenv("BERT_LAMB_COMM_KERNELS", "fastest")
+    report = _report(LARGE, 8, monkeypatch, tmp_path)
+    assert report.problems == [
+        "BERT_LAMB_COMM_KERNELS/kernels must be one of auto, torch, numba, compiled, got 'fastest'"
+    ]
+    lamb = _report(["batch=64k", "optim=lamb", "model=bert_large", "dry_run=true"], 8, monkeypatch, tmp_path)
+    assert not lamb.problems and "1-bit compression" not in lamb.text()  # LAMB compresses nothing
+
+
 def test_compiled_optimizer_on_a_gpu_is_a_note(monkeypatch, tmp_path):
     overrides = ["batch=64k", "optim=lamb", "optim.compile=true", "model=bert_large", "dry_run=true"]
     assert not any("optim.compile" in note for note in _report(overrides, 8, monkeypatch, tmp_path).notes)

@@ -213,3 +213,22 @@ def test_sigusr1_checkpoints_exits_75_and_resume_continues(tiny_data: Path, tmp_
     assert "optim options differ from the checkpoint's (weight_decay 0.01 -> 0.02)" in resumed.stdout
     steps = [json.loads(line)["step"] for line in metrics_file.read_text().splitlines()]
     assert steps[-2:] == [stopped_at + 1, stopped_at + 2]
+
+
+@pytest.mark.slow
+def test_the_compiled_comm_kernels_train_like_the_numba_kernels(tiny_data: Path, tmp_path: Path, monkeypatch):
+    """The kernels `auto` picks on CUDA (`pretrain.comm.compiled_kernels`, torch.compile'd) in the trainer
+    through the compression stage, on CPU here: the same parameters as the CPU default (numba), bit for bit,
+    and the run's config.yaml names them."""
+    digests = {}
+    for kernels in ("numba", "compiled"):
+        monkeypatch.setenv("BERT_LAMB_COMM_KERNELS", kernels)  # the spawned ranks inherit it
+        run_dir = tmp_path / kernels
+        extra = ("max_steps=16", "deterministic=true")  # freeze_step 12: four compression steps
+        results = run_local(train_worker, 2, (overrides(tiny_data, run_dir, "onebit_lamb", *extra),))
+        assert results[0]["digest"] == results[1]["digest"]
+        assert results[0]["state"]["global_step"] == 16
+        assert read_metrics(run_dir)[-1]["onebit_stage"] == 1.0
+        assert f"comm_kernels: {kernels}\n" in (run_dir / "config.yaml").read_text()
+        digests[kernels] = results[0]["digest"]
+    assert digests["compiled"] == digests["numba"]

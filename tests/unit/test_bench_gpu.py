@@ -108,6 +108,7 @@ def test_optim_throughput_and_pipeline_checks_run_on_the_cpu(tmp_path, tiny_data
         assert records[name]["peer"] == "torch.optim.AdamW(fused=True)" and records[name]["ratio"] > 0
     assert records["toy_seq32_compiled_samples_per_s"]["value"] > 0
     assert records["pipeline_resume_to_step_30"]["config"]["exit_code"] == 0
+    assert records["pipeline_pretrain_to_step_20"]["config"]["comm_kernels"] == "numba"  # CPU: the default
     assert records["pipeline_finetune_mrpc"]["config"]["exit_code"] == 0
     # every profile arm ran, the compiled ones with their kernel classes; the baselines are throughput's
     for mode, arms in gpu.PROFILE_ARMS.items():

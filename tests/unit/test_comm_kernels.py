@@ -14,7 +14,7 @@ from pretrain.comm import compiled_kernels as compiled_kernels_module
 from pretrain.comm import kernels as kernels_module
 from pretrain.comm.compiled_kernels import CompiledKernels, SegmentMap
 from pretrain.comm.compressed_allreduce import SignScale, _RunPlan
-from pretrain.comm.kernels import NumbaKernels, TorchKernels, get_kernels
+from pretrain.comm.kernels import NumbaKernels, TorchKernels, describe_kernels, get_kernels
 from pretrain.comm.layout import Run
 from pretrain.comm.packing import TorchSignPacker
 
@@ -262,6 +262,21 @@ def test_the_choice_of_kernels(monkeypatch):
     monkeypatch.setenv(kernels_module.KERNELS_ENV, "fast")
     with pytest.raises(ValueError, match=r"BERT_LAMB_COMM_KERNELS/kernels must be one of auto, torch, numba"):
         get_kernels("cpu", packer)
+
+
+def test_the_description_of_the_choice_names_the_packer_only_for_the_torch_kernels(monkeypatch):
+    from pretrain.comm import packing
+
+    monkeypatch.delenv(kernels_module.KERNELS_ENV, raising=False)
+    assert describe_kernels("cpu") == "numba"
+    assert describe_kernels("cpu", "compiled") == "compiled"
+    assert describe_kernels("cpu", "torch") == "torch ops, torch packer"
+    monkeypatch.setattr(compiled_kernels_module, "compiled_unavailable_reason", lambda device: "no Triton")
+    monkeypatch.setattr(packing, "_import_cupy", lambda: None)
+    assert describe_kernels("cuda") == "torch ops, torch packer"  # a GPU without Triton or cupy
+    monkeypatch.setenv(kernels_module.KERNELS_ENV, "numba")
+    with pytest.raises(ValueError, match="CPU buffers only"):
+        describe_kernels("cuda")
 
 
 def test_compiled_kernels_without_a_compiler_are_refused_with_the_reason(monkeypatch):
