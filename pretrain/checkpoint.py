@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
@@ -161,7 +162,9 @@ def save_checkpoint(
                 torch.save(replicated_state, tmp / REPLICATED)
             if export_hf is not None:
                 export_hf(tmp / "hf")
-    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
+    # torch.save reports a full disk as RuntimeError, safetensors as SafetensorError ("I/O error: No space
+    # left on device (os error 28)"), neither an OSError
+    except (OSError, RuntimeError, SafetensorError) as error:
         estimate = (
             _state_bytes(rank_state) * _world()
             + _state_bytes(replicated_state)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from pretrain import checkpoint as ckpt
 from pretrain.faults import ENV, Fault, FaultInjector, parse
@@ -213,21 +214,28 @@ def test_too_little_free_space_refuses_the_save_before_writing(tmp_path: Path, m
     record("atomicity", case="too little space: refused before writing", passed=True)
 
 
+@pytest.mark.parametrize("failing", ["train_state.pt", "model.safetensors"])
 def test_a_failed_write_removes_the_partial_folder_and_names_the_disk(
-    tmp_path: Path, model, monkeypatch, record
+    tmp_path: Path, model, monkeypatch, record, failing
 ):
     directory = tmp_path / "checkpoints"
     _save(directory, 7, model, keep_last=2)
-    real_save = torch.save
+    real_save, real_save_model = torch.save, ckpt.save_model
 
     def full_disk(obj, path, *args, **kwargs):
-        if str(path).endswith("train_state.pt"):  # torch.save's own wording for ENOSPC
+        if str(path).endswith(failing):  # torch.save's own wording for ENOSPC
             raise RuntimeError(
                 "[enforce fail at inline_container.cc:672] . unexpected pos 3827008 vs 3826900"
             )
         return real_save(obj, path, *args, **kwargs)
 
+    def full_disk_safetensors(module, path, *args, **kwargs):
+        if str(path).endswith(failing):  # safetensors' own wording for ENOSPC (a reliability run met it)
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real_save_model(module, path, *args, **kwargs)
+
     monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    monkeypatch.setattr(ckpt, "save_model", full_disk_safetensors)
     real = ckpt.shutil.disk_usage
     calls = {"n": 0}
 
@@ -243,4 +251,8 @@ def test_a_failed_write_removes_the_partial_folder_and_names_the_disk(
     assert not list(directory.glob("*.tmp"))
     assert [p.name for p in ckpt.list_checkpoints(directory)] == ["step-00000007"]
     ckpt.load_checkpoint(directory / "step-00000007", 0, model)
-    record("atomicity", case="write failed mid-save: partial folder removed, previous intact", passed=True)
+    record(
+        "atomicity",
+        case=f"write of {failing} failed mid-save: partial folder removed, previous intact",
+        passed=True,
+    )
