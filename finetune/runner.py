@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -547,12 +548,35 @@ def train_one_seed(
                 if env.world_size > 1:
                     dist.barrier()
         if save_to is not None:
-            model.save_pretrained(save_to)
-            tokenizer.save_pretrained(save_to)
+            save_model_folder(model, tokenizer, save_to)
     finally:
         bar.close()
         logger.close()
     return final, files
+
+
+def save_model_folder(model: Any, tokenizer: Any, folder: Path) -> None:
+    """`save_model=true`: the fine-tuned model and its tokenizer as a Hugging Face folder, written under a
+    temporary name and renamed at the end, so that a folder named `folder` is always whole. A failed write
+    (a full disk: safetensors' SafetensorError, an OSError) removes the temporary folder, keeps an earlier
+    `folder` and is one ValueError line."""
+    from safetensors import SafetensorError
+
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    except (OSError, RuntimeError, SafetensorError) as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        kept = "the earlier one is kept" if folder.exists() else "nothing written"
+        raise ValueError(f"save_model: {folder} not saved ({first}); {kept}") from None
+    displaced = folder.with_name(f".{folder.name}.replaced-{os.getpid()}")
+    if folder.exists():  # a fine-tune into the same output_dir: the new model replaces the old one
+        os.replace(folder, displaced)
+    os.replace(tmp, folder)
+    shutil.rmtree(displaced, ignore_errors=True)
 
 
 def _format(metrics: Mapping[str, float]) -> str:
