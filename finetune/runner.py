@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from tqdm import tqdm
 
 from finetune.config import FinetuneConfig
+from launch import cli
 from pretrain.config import Precision
 from pretrain.distributed import DistributedEnv, autocast_context
 from pretrain.metrics import (
@@ -560,18 +561,17 @@ def save_model_folder(model: Any, tokenizer: Any, folder: Path) -> None:
     temporary name and renamed at the end, so that a folder named `folder` is always whole. A failed write
     (a full disk: safetensors' SafetensorError, an OSError) removes the temporary folder, keeps an earlier
     `folder` and is one ValueError line."""
-    from safetensors import SafetensorError
+    from pretrain.checkpoint import WRITE_ERRORS
 
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    except (OSError, RuntimeError, SafetensorError) as error:
+    except WRITE_ERRORS as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         kept = "the earlier one is kept" if folder.exists() else "nothing written"
-        raise ValueError(f"save_model: {folder} not saved ({first}); {kept}") from None
+        raise ValueError(f"save_model: {folder} not saved ({cli.first_line(error)}); {kept}") from None
     displaced = folder.with_name(f".{folder.name}.replaced-{os.getpid()}")
     if folder.exists():  # a fine-tune into the same output_dir: the new model replaces the old one
         os.replace(folder, displaced)

@@ -82,6 +82,12 @@ def fail(prog: str, error: BaseException) -> NoReturn:
     sys.exit(EXIT_CODE)
 
 
+def first_line(error: BaseException) -> str:
+    """The error's message's first line, or its type's name when the message is empty."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def condense(error: BaseException) -> str:
     """One line from a Hydra/OmegaConf error and its causes: without the config search path, the
     HYDRA_FULL_ERROR hint, `object_type=` lines and documentation links; "Available options in 'optim':"

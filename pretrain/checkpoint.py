@@ -44,6 +44,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+# what a failed write raises: torch.save reports a full disk as RuntimeError, safetensors as SafetensorError
+# ("I/O error: No space left on device (os error 28)"), neither an OSError
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
 STEP_DIR = re.compile(r"^step-(\d{8})(\.replaced)?$")
 CHECKSUMS = "checksums.json"
 REPLICATED = "replicated.pt"
@@ -162,9 +166,7 @@ def save_checkpoint(
                 torch.save(replicated_state, tmp / REPLICATED)
             if export_hf is not None:
                 export_hf(tmp / "hf")
-    # torch.save reports a full disk as RuntimeError, safetensors as SafetensorError ("I/O error: No space
-    # left on device (os error 28)"), neither an OSError
-    except (OSError, RuntimeError, SafetensorError) as error:
+    except WRITE_ERRORS as error:
         estimate = (
             _state_bytes(rank_state) * _world()
             + _state_bytes(replicated_state)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from launch import cli
 from pretrain.config import DistConfig
 from pretrain.distributed import DistributedEnv
 
@@ -169,7 +170,7 @@ def watch(
 def describe(error: BaseException, heartbeat: Heartbeat, step: int, cfg: DistConfig, run_dir: Path) -> str:
     from pretrain.checkpoint import latest_checkpoint
 
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = cli.first_line(error)
     text = re.sub(r"^\[[^\]]*\] ", "", text)  # c10d's "[/path/to/gloo/file.cc:78] " prefix
     timed_out = "timed out" in str(error).lower() or "timeout" in str(error).lower()
     what = (
