@@ -106,6 +106,32 @@ has_override() {  # key, overrides...
     return 1
 }
 
+# The pre-flight (pretrain/preflight.py) once, before torchrun starts a worker: the run's header on stdout
+# (when the second argument is 1) and, for a config that cannot run here (a global batch the world size does
+# not divide, a cluster recipe on a machine without a GPU, ...), `pretrain: error: <one line>` on stderr and
+# exit 2, instead of every worker printing it amid torchrun's report. On success the workers are told the
+# world size it passed for (LAUNCH_ENV), and skip their own. Left to the workers: Hydra flags among the
+# overrides (--cfg, -m, ...), and print mode, whose command must stand on its own.
+run_preflight() {  # python, show the header (1/0), world size, overrides...
+    local python=$1 show=$2 world=$3 status=0 arg
+    shift 3
+    if [[ $PRINT_ONLY == 1 ]]; then
+        return 0
+    fi
+    for arg in "$@"; do
+        if [[ $arg == -* ]]; then
+            return 0
+        fi
+    done
+    # Report.as_header prints the header from rank 0 only
+    env RANK=$((show == 1 ? 0 : 1)) WORLD_SIZE="$world" "$python" -m pretrain.preflight --header "$@" ||
+        status=$?
+    if [[ $status -ne 0 ]]; then
+        exit "$status"
+    fi
+    LAUNCH_ENV+=("BERT_LAMB_PREFLIGHT_WORLD_SIZE=$world")
+}
+
 # Print mode: the command as one shell-quoted line. Otherwise exec it, so signals reach torchrun
 # directly and its exit status is the script's.
 #

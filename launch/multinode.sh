@@ -11,7 +11,9 @@ usage: launch/multinode.sh --nnodes N --rdzv-endpoint HOST:PORT [--rdzv-id ID]
                            [--nproc-per-node P] [--max-restarts K] [--print] [--] <hydra overrides>
 
 Run the same command on every node (by hand, pdsh, or srun: launch/slurm.sbatch does that). The
-node that owns HOST hosts the rendezvous; ranks are assigned when all N nodes have joined.
+node that owns HOST hosts the rendezvous; ranks are assigned when all N nodes have joined. Each node
+runs the pre-flight (pretrain/preflight.py) first: a config that cannot run is one line, exit 2.
+A worker's exit code (2 error, 75 checkpointed, 76 peer lost) is the launcher's.
 
   --nnodes N              nodes (MIN:MAX for an elastic range)
   --rdzv-endpoint H:P     an address of one of the nodes that every node can reach, and a free port;
@@ -100,8 +102,16 @@ fi
 
 python=$(launch_python)
 plan_local_processes "$python" "$nproc"
+# The pre-flight on each node (its devices), for the whole world; an elastic MIN:MAX world is known only
+# to the workers. Under srun the header comes from the first node only (every node could refuse).
+show_header=1
+[[ ${SLURM_NODEID:-0} == 0 ]] || show_header=0
+if [[ $nnodes =~ ^[0-9]+$ ]]; then
+    run_preflight "$python" "$show_header" $((nnodes * LAUNCH_NPROC)) ${overrides[@]+"${overrides[@]}"}
+fi
 
-run_or_print ${LAUNCH_ENV[@]+"${LAUNCH_ENV[@]}"} "$python" -m torch.distributed.run \
+# launch.elastic: torchrun (torch.distributed.run) without its traceback after a worker's one-line error
+run_or_print ${LAUNCH_ENV[@]+"${LAUNCH_ENV[@]}"} "$python" -m launch.elastic \
     --nnodes "$nnodes" --nproc-per-node "$LAUNCH_NPROC" \
     --rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "$rdzv_id" \
     --max-restarts "$max_restarts" \

@@ -10,7 +10,9 @@ usage() {
 usage: launch/torchrun.sh [--nproc N] [--print] [--] <hydra overrides>
 
 Runs `python -m pretrain <overrides>` on N processes of this machine under torchrun --standalone
-(a private rendezvous on a free local port, so several runs can share a machine).
+(a private rendezvous on a free local port, so several runs can share a machine). The pre-flight
+(pretrain/preflight.py) runs first, once: a config that cannot run here is one line, exit 2, before
+any worker starts. A worker's exit code (2 error, 75 checkpointed, 76 peer lost) is the launcher's.
 
   --nproc N   processes; default: one per visible GPU (NCCL), or 2 on a machine without CUDA (gloo,
               OMP_NUM_THREADS = cores / N unless already set)
@@ -58,7 +60,9 @@ fi
 
 python=$(launch_python)
 plan_local_processes "$python" "$nproc"
+run_preflight "$python" 1 "$LAUNCH_NPROC" "$@"
 
-run_or_print ${LAUNCH_ENV[@]+"${LAUNCH_ENV[@]}"} "$python" -m torch.distributed.run \
+# launch.elastic: torchrun (torch.distributed.run) without its traceback after a worker's one-line error
+run_or_print ${LAUNCH_ENV[@]+"${LAUNCH_ENV[@]}"} "$python" -m launch.elastic \
     --standalone --nproc-per-node "$LAUNCH_NPROC" \
     -m pretrain "$@"

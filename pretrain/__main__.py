@@ -59,10 +59,12 @@ def main(dict_cfg: DictConfig) -> None:
 
 def preflight_header(cfg: TrainConfig) -> None:
     """The pre-flight report (pretrain/preflight.py) from the launcher's rank 0, before anything is built;
-    its errors stop every rank (each computes the same report) with the one-line message."""
-    from pretrain.preflight import build
+    its errors stop every rank (each computes the same report) with the one-line message. Skipped when the
+    launcher ran it for this world size before starting the workers (launch/common.sh): it printed both."""
+    from pretrain.preflight import build, checked_by_launcher
 
-    build(cfg).as_header()
+    if not checked_by_launcher():
+        build(cfg).as_header()
 
 
 if __name__ == "__main__":

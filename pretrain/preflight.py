@@ -8,7 +8,9 @@ devices seen, world size, per phase the micro batch, accumulation, samples and s
 `freeze_step` and the bytes per rank and step before and after it, an estimate of peak device memory per
 rank, checkpoint size against free disk at `run_dir`, whether the prepared data is there, the W&B mode.
 Impossible configurations are one line each and exit 2; suspicious ones are notes. `python -m pretrain`
-prints the same report's first lines as its header (`header_lines`).
+prints the same report's first lines as its header (`Report.as_header`). The launchers run it once before
+torchrun starts the workers (`python -m pretrain.preflight --header`, launch/common.sh) and tell the
+workers, which then skip it (`CHECKED_WORLD_SIZE`).
 
 The memory figure is an estimate (parameters, gradients and optimizer state exactly; activations by the
 usual transformer formula, Korthikanti et al. 2022, without recomputation; allocator slack not counted);
@@ -35,6 +37,10 @@ from pretrain.config import Precision, TrainConfig, WandbMode, to_object
 
 ONEBIT = ("onebit_lamb", "onebit_adam")
 LARGE_RECIPE_SAMPLES = 1_000_000  # more samples than this on CPU is a cluster recipe run by mistake
+# Set by a launcher (launch/common.sh) in the workers' environment: the world size its pre-flight passed for;
+# the header is printed and the errors are decided already.
+CHECKED_WORLD_SIZE = "BERT_LAMB_PREFLIGHT_WORLD_SIZE"
+HEADER_FLAG = "--header"  # `python -m pretrain.preflight --header`: the run's header, as `python -m pretrain`
 
 
 @dataclass
@@ -56,6 +62,11 @@ class Report:
         out += [f"  note: {note}" for note in self.notes]
         out += [f"  error: {problem}" for problem in self.problems]
         return "\n".join(out)
+
+
+def checked_by_launcher() -> bool:
+    """Whether this worker's launcher ran the pre-flight for its world size (WORLD_SIZE, as `build`)."""
+    return os.environ.get(CHECKED_WORLD_SIZE) == os.environ.get("WORLD_SIZE", "1")
 
 
 def devices() -> tuple[str, str]:
@@ -360,5 +371,20 @@ def main(dict_cfg: DictConfig) -> None:
         sys.exit(2)
 
 
+@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+def header(dict_cfg: DictConfig) -> None:
+    """What `python -m pretrain` prints before it builds anything: the header (from RANK 0) and the first
+    error as `pretrain: error: <one line>`, exit 2; for a launcher to run once before torchrun starts the
+    workers (WORLD_SIZE: the world size it will start)."""
+    try:
+        build(to_object(dict_cfg)).as_header()
+    except ValueError as error:
+        cli.fail("pretrain", error)
+
+
 if __name__ == "__main__":
-    cli.run(main, "preflight")
+    if HEADER_FLAG in sys.argv[1:]:
+        sys.argv.remove(HEADER_FLAG)
+        cli.run(header, "pretrain")
+    else:
+        cli.run(main, "preflight")

@@ -1,7 +1,8 @@
 """The cluster launchers, on a machine without SLURM or GPUs.
 
 Shell scripts: syntax (and shellcheck where installed), the command each one's print mode shows for
-given arguments, one-line usage errors, and the SLURM batch script's time-limit flow (USR1 -> every
+given arguments, one-line usage errors, a refusal or a worker's error read as one line (no torchrun
+report after it; the worker's exit code kept), and the SLURM batch script's time-limit flow (USR1 -> every
 training process told to checkpoint -> requeue -> exit 75) with stand-ins for srun, scancel,
 scontrol and the training command. Hydra: the hydra-submitit-launcher configs compose against the
 plugin's own schema, alone and under conf/pretrain.yaml.
@@ -47,13 +48,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_script(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_script(
+    script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(LAUNCH / script), *args],
         env=clean_env() if env is None else env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
 
 
@@ -75,8 +78,9 @@ def option(words: list[str], name: str) -> str:
 
 
 def torchrun_parts(words: list[str]) -> tuple[list[str], list[str]]:
-    """(torchrun's own arguments, the overrides after `-m pretrain`) of a printed torchrun command."""
-    start = words.index("torch.distributed.run")
+    """(torchrun's own arguments, the overrides after `-m pretrain`) of a printed torchrun command
+    (`python -m launch.elastic`: torchrun with the workers' own failure report)."""
+    start = words.index("launch.elastic")
     assert words[start - 1] == "-m" and words[start - 2].endswith("python"), words
     module = words.index("pretrain", start)
     assert words[module - 1] == "-m", words
@@ -154,6 +158,90 @@ def test_torchrun_usage_errors(args: list[str], message: str):
     first, *rest = result.stderr.splitlines()
     assert first.startswith("launch/torchrun.sh: error:") and message in first
     assert rest[0].startswith("usage: launch/torchrun.sh")
+
+
+# -- a refusal or a worker's error reads as one line ----------------------------------------------
+CLUSTER_REFUSAL = "pretrain: error: batch=64k trains 512,458,752 samples, a cluster recipe, and this machine"
+TORCHRUN_NOISE = ("Traceback", "ChildFailedError", "FAILED", "exitcode")
+
+
+def test_make_pretrain_refused_by_the_preflight_is_one_line(tmp_path: Path):
+    """The issue's `make pretrain BATCH=64k OPT=onebit_lamb DATA=sample` on a machine without a GPU: the
+    launcher's pre-flight prints the header and the refusal once, exit 2, and starts no worker (-o: the
+    sample data need not be prepared, the refusal comes before any data is read)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the cluster-recipe refusal is for machines without a GPU")
+    manifest = "data/prepared/sample/seq128/manifest.json"
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-o", manifest, "pretrain", "BATCH=64k", "OPT=onebit_lamb",
+         "DATA=sample", f"ARGS=run_dir={tmp_path / 'run'}"],
+        cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert output.count(CLUSTER_REFUSAL) == 1, output
+    assert result.stdout.count("pre-flight: bert_large") == 1, output  # the header once, before the line
+    assert not any(noise in output for noise in TORCHRUN_NOISE), output
+    assert not (tmp_path / "run").exists()
+
+
+WORKER = """
+import os, sys, time
+
+code = int(sys.argv[1])
+if os.environ["RANK"] == "0":
+    if code < 0:
+        os.kill(os.getpid(), -code)
+    print(f"worker: error: exit {code}", file=sys.stderr, flush=True)
+    sys.exit(code)
+time.sleep(60)  # rank 1: stopped by the agent
+"""
+
+
+def run_elastic(tmp_path: Path, code: int) -> subprocess.CompletedProcess:
+    """`python -m launch.elastic` (torchrun's arguments) on 2 processes of WORKER; rank 0 exits `code`."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    command = [VENV_PYTHON, "-m", "launch.elastic", "--standalone", "--nproc-per-node", "2"]
+    return subprocess.run(
+        [*command, str(worker), str(code)],
+        cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [2, 75, 76])
+def test_elastic_keeps_a_reported_exit_code_and_adds_nothing(tmp_path: Path, code: int):
+    result = run_elastic(tmp_path, code)
+    assert result.returncode == code, result.stderr
+    assert result.stderr.strip().splitlines() == [f"worker: error: exit {code}"], result.stderr
+
+
+@pytest.mark.parametrize(("code", "exit_code"), [(3, 3), (-9, 1)])
+def test_elastic_shows_torchruns_table_for_a_crash(tmp_path: Path, code: int, exit_code: int):
+    """A crash or a signal keeps torchrun's failure table (which rank, what code), without its traceback."""
+    result = run_elastic(tmp_path, code)
+    assert result.returncode == exit_code, result.stderr
+    assert f"exitcode  : {code} " in result.stderr and "Root Cause" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_a_worker_error_after_the_preflight_is_its_own_line(tmp_path: Path):
+    """An error the pre-flight cannot decide (the data is not prepared) from the workers: each rank's one
+    line, the header once (the workers skip the pre-flight the launcher ran), exit 2, no torchrun report."""
+    result = run_script(
+        "torchrun.sh", "--nproc", "2", "--", "batch=demo", "optim=lamb", "model=bert_tiny",
+        f"data_dir={tmp_path / 'absent'}", f"run_dir={tmp_path / 'run'}", "wandb.mode=disabled",
+        env=clean_env(OMP_NUM_THREADS="1"), timeout=300,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert result.stdout.count("pre-flight: bert_tiny") == 1, output
+    errors = set(result.stderr.strip().splitlines())
+    assert len(errors) == 1 and next(iter(errors)).startswith("pretrain: error: data_dir:"), output
+    assert not any(noise in output for noise in TORCHRUN_NOISE), output
 
 
 # -- multinode.sh ---------------------------------------------------------------------------------
@@ -359,12 +447,22 @@ def test_sbatch_outside_slurm():
 
 FAKE_TRAINING = """
     #!{python}
-    # Stands in for torchrun: records how it was started; exits with FAKE_MODE, or, with
-    # FAKE_MODE=wait, on USR1 with 1 (what torchrun reports after its workers checkpointed with 75).
+    # Stands in for the pre-flight (records its world size, passes) and torchrun: records how it was
+    # started; exits with FAKE_MODE, or, with FAKE_MODE=wait, on USR1 with 75 (what launch.elastic
+    # reports after its workers checkpointed).
     import json, os, signal, sys, time
 
     state = os.environ["FAKE_STATE"]
-    started = {{"argv": sys.argv[1:], "usr1_ignored": signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN}}
+    if sys.argv[1:3] == ["-m", "pretrain.preflight"]:
+        with open(state + "/preflight.json", "w") as f:
+            ran = {{"argv": sys.argv[3:], "world": os.environ["WORLD_SIZE"], "rank": os.environ["RANK"]}}
+            json.dump(ran, f)
+        sys.exit(0)
+    started = {{
+        "argv": sys.argv[1:],
+        "usr1_ignored": signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN,
+        "checked_world": os.environ.get("BERT_LAMB_PREFLIGHT_WORLD_SIZE"),
+    }}
     with open(state + "/started.tmp", "w") as f:
         json.dump(started, f)
     if os.environ["FAKE_MODE"] != "wait":
@@ -374,7 +472,7 @@ FAKE_TRAINING = """
     def checkpoint_and_stop(signum, frame):
         time.sleep(0.5)  # writing the checkpoint
         open(state + "/checkpointed", "w").close()
-        sys.exit(1)
+        sys.exit(75)
 
     signal.signal(signal.SIGUSR1, checkpoint_and_stop)
     with open(state + "/pid", "w") as f:
@@ -413,6 +511,10 @@ def test_sbatch_time_limit_checkpoints_and_requeues(slurm_bin: Path, tmp_path: P
     # handler reacts to it; the fake installs one, as the trainer does.
     assert started["usr1_ignored"]
     assert started["argv"][-2:] == ["batch=64k", "resume=auto"]
+    # multinode.sh ran the pre-flight first, for the whole world (4 nodes x 8), and told the workers
+    preflight = json.loads((state / "preflight.json").read_text())
+    assert preflight == {"argv": ["--header", "batch=64k", "resume=auto"], "world": "32", "rank": "0"}
+    assert started["checked_world"] == "32"
 
     process.send_signal(signal.SIGUSR1)  # Slurm: --signal=B:USR1@300
     _, stderr = process.communicate(timeout=30)

@@ -132,3 +132,15 @@ def test_cli_exit_codes_and_the_pretrain_header(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("pretrain: error: batch=64k trains"), refused.stderr
     assert refused.stdout.startswith("pre-flight: bert_large")  # the header came first
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_workers_skip_the_preflight_their_launcher_ran(monkeypatch):
+    """launch/common.sh ran it for the world size it starts: the workers skip it; another world size (an
+    elastic restart) or none (torchrun by hand) is checked again."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv(preflight.CHECKED_WORLD_SIZE, raising=False)
+    assert not preflight.checked_by_launcher()
+    monkeypatch.setenv(preflight.CHECKED_WORLD_SIZE, "2")
+    assert preflight.checked_by_launcher()
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert not preflight.checked_by_launcher()
