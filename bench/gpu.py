@@ -668,7 +668,7 @@ def _training_step(
     mode="reduce-overhead"): every step marked as a new graph replay, and the gradients allocated before the
     first, so that accumulation adds the graph's outputs into them instead of keeping the graph's own memory
     as ``.grad`` (which the next replay overwrites: "accessing tensor output of CUDAGraphs that has been
-    overwritten", an H200, 2026-11-28)."""
+    overwritten", seen on an H200)."""
     from pretrain.distributed import autocast_context
 
     parameters = [p for p in objective.parameters() if p.requires_grad] if cuda_graphs else []

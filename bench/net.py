@@ -515,7 +515,7 @@ NO_LOG = 10**9  # log_every of the timed steps: none of them logs
 # steps.
 # The first compression step loads the numba kernels and builds the exchange (~4 s); the second still grows
 # the heap to its peak (68K page faults per rank, 2.0 s of CPU against 1.2 s in the steps after it, 0 faults
-# from then on: BERT-Base, 2 ranks, 2026-11-28), a one-time cost a run pays once, which 2 warm-up steps left
+# from then on: BERT-Base, 2 ranks), a one-time cost a run pays once, which 2 warm-up steps left
 # in the first timed step of every round.
 E2E_WARMUP_STEPS = 3
 PHASE_STEPS = 2  # log steps per variant and round after the timed ones, for the phase breakdown
@@ -597,12 +597,12 @@ def _e2e_records(
         "cpu_cores": os.cpu_count(),
         "warmup_steps": warmup,
         "timed_steps_per_round": steps,
-        "timed_steps_log": False,  # as in a real run; before 2026-11-25 every timed step logged (log_every=1)
+        "timed_steps_log": False,  # as in a real run (log_every > the timed steps)
         "phase_log_steps_per_round": PHASE_STEPS,
         "rounds": rounds,
         "quick": quick,
         "compile": compile,  # optim.compile for every variant (LAMB's and 1-bit LAMB's compiled steps)
-        # keep_host_memory (the default since 2026-11-27) for every variant: glibc keeps freed memory
+        # keep_host_memory (the default) for every variant: glibc keeps freed memory
         # (pretrain/host_memory.py), so a step's large temporaries fault no fresh pages (a CPU-only cost: GPUs
         # allocate through CUDA's cache); false: the faulting reference (--no-keep-host-memory)
         "keep_host_memory": keep_host_memory,
@@ -692,7 +692,7 @@ def main(argv: list[str]) -> None:
         "--no-keep-host-memory",
         action="store_true",
         help="e2e with keep_host_memory=false for every variant (glibc unmaps freed large blocks: the step's "
-        "large temporaries fault fresh pages, as before 2026-11-27): "
+        "large temporaries fault fresh pages): "
         "net_e2e[_compiled]_no_keep_host_memory.json",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)

@@ -9,13 +9,13 @@ embedding's two 94 MB gradients, optimizer scratch), so every step touches fresh
 ``keep_freed_memory()`` turns that off (``mallopt``: no mmap'd chunks, no trimming of the heap), so freed
 blocks are reused and a warm step faults (almost) no pages.
 
-Measured (2026-11-27, BERT-Base at 1 Gbit/s, one optimizer per process as in a real run, 4 ranks on 2
+Measured (BERT-Base at 1 Gbit/s, one optimizer per process as in a real run, 4 ranks on 2
 cores): a 1-bit LAMB step 3.92 s without against 3.25 s with it, and the same peak RSS per rank (4.49-4.64
 GiB against 4.51-4.64); compiled, 4.16 against 3.83 s, peak 4.97-5.22 against 4.99-5.16 GiB. Hence on by
 default. It costs memory only where one process runs models of different shapes one after another (the
 heap keeps the fragments of the first for the second): `bench net`'s e2e runs four variants per process
-and calls ``release_freed_memory()`` between them. An earlier measurement in such a process (+0.1 to +0.45
-GB per rank, 4 compiled ranks out of this 24 GB machine) is why it was opt-in until 2026-11-27.
+and calls ``release_freed_memory()`` between them. In such a process it measured +0.1 to +0.45 GB per rank (4
+compiled ranks on a 24 GB machine).
 Transparent huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE=1``) cut the faults only to ~30,000 per step and
 made every variant slower in the same benchmark, so they are not used.
 

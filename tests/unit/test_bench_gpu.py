@@ -142,7 +142,7 @@ def test_ddp_buffer_keyword_matches_the_installed_torch(monkeypatch):
 
 
 def test_a_profile_arm_that_fails_leaves_the_other_arms(tmp_path, monkeypatch):
-    """The GPU run of 2026-11-28 lost every profile figure to one arm's error (CUDA graphs); each arm now
+    """One profile arm's error (CUDA graphs on an H200) must not lose the other arms' figures: each arm
     fails on its own: reported, exit status 1, the others' records written."""
     from pretrain import model as model_module
 
