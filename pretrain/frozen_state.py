@@ -66,7 +66,7 @@ def frozen_state_rows(
 
 
 def _ordered(model: nn.Module, config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(name, group) in the optimizer's order, grouped as the trainer grouped them (pretrain/trainer.py)."""
+    """(name, group) in the optimizer's order, as the trainer groups them (pretrain/train_setup.py)."""
     optim = config["optim"]
     masks = bool(optim.get("mask_unused_position_embeddings", False)) and optim["name"].startswith("onebit")
     row_scales = (

@@ -22,24 +22,25 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 from hydra.core.config_store import ConfigStore
 from torch import Tensor
 from torch.optim import Optimizer
 
+from pretrain.optim.adamw import AdamW
 from pretrain.optim.config import AdamWConfig, LambConfig, OnebitAdamConfig, OnebitLambConfig, OptimizerConfig
 from pretrain.optim.lamb import Lamb, LambVariant
 from pretrain.optim.onebit import OnebitOptimizer, Stage
 from pretrain.optim.onebit_adam import OnebitAdam
 from pretrain.optim.onebit_lamb import OnebitLamb
 from pretrain.optim.params import param_groups
+from pretrain.optim.protocol import TrainingOptimizer, as_training_optimizer
 
 logger = logging.getLogger(__name__)
 
 OPTIMIZERS: dict[str, tuple[type[Optimizer], type[OptimizerConfig]]] = {
     "lamb": (Lamb, LambConfig),
     "onebit_lamb": (OnebitLamb, OnebitLambConfig),
-    "adamw": (torch.optim.AdamW, AdamWConfig),
+    "adamw": (AdamW, AdamWConfig),
     "onebit_adam": (OnebitAdam, OnebitAdamConfig),
 }
 
@@ -55,6 +56,7 @@ register_configs()
 
 __all__ = [
     "OPTIMIZERS",
+    "AdamW",
     "AdamWConfig",
     "Lamb",
     "LambConfig",
@@ -66,6 +68,8 @@ __all__ = [
     "OnebitOptimizer",
     "OptimizerConfig",
     "Stage",
+    "TrainingOptimizer",
+    "as_training_optimizer",
     "build_optimizer",
     "mark_gradients_checked",
     "needs_gradient_allreduce",
@@ -116,18 +120,18 @@ def build_optimizer(
     if any("exp_avg_mask" in g for g in param_groups):
         logger.warning("optim.%s does not use momentum masks: exp_avg_mask ignored", name)
         param_groups = [{k: v for k, v in g.items() if k != "exp_avg_mask"} for g in param_groups]
-    if optimizer_class is torch.optim.AdamW:
+    if optimizer_class is AdamW:
         return _adamw(param_groups, kwargs)
     return optimizer_class(param_groups, **kwargs)
 
 
 def _adamw(param_groups: list[dict[str, Any]], kwargs: dict[str, Any]) -> Optimizer:
-    """torch.optim.AdamW, fused unless the config says otherwise or the device has no fused kernel."""
+    """AdamW (torch's, `adamw.AdamW`), fused unless the config says otherwise or the device has none."""
     fused = kwargs.pop("fused")
     if fused is not None:
-        return torch.optim.AdamW(param_groups, fused=fused, **kwargs)
+        return AdamW(param_groups, fused=fused, **kwargs)
     try:
-        return torch.optim.AdamW(param_groups, fused=True, **kwargs)
+        return AdamW(param_groups, fused=True, **kwargs)
     except RuntimeError as error:
         logger.info("AdamW: fused kernel unavailable (%s); using the foreach implementation", error)
-        return torch.optim.AdamW(param_groups, **kwargs)
+        return AdamW(param_groups, **kwargs)

@@ -10,6 +10,8 @@ Contracts every optimizer here keeps:
   checks again nor reads the gradients for their norm (one step only; `take_caller_check`).
 - `needs_gradient_allreduce` says whether the trainer must average the gradients over the data-parallel
   group before the next `step()` (always True here; the 1-bit optimizers turn it off).
+- The training loop's interface, `pretrain.optim.protocol.TrainingOptimizer`: the two above,
+  `last_step_skipped`, `bytes_sent` (0 here), `start_phase` (nothing to do here) and `statistics()`.
 - `state_dict()`/`load_state_dict()` keep tensor dtypes (torch's default loader would cast fp32 state to a
   bf16 parameter's dtype) and never restore `exp_avg_mask` from a checkpoint: the current run's masks win.
 """
@@ -165,6 +167,14 @@ class OptimizerBase(torch.optim.Optimizer):
     def needs_gradient_allreduce(self) -> bool:
         """Whether the trainer must allreduce (mean) the gradients before the next `step()`."""
         return True
+
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes this rank sent inside `step()` so far: none (the trainer averages the gradients)."""
+        return 0.0
+
+    def start_phase(self, *, freeze_step: int | None, max_seq_length: int) -> None:
+        """A training phase starts (`TrainingOptimizer.start_phase`): nothing changes here."""
 
     def mark_gradients_checked(self, grad_norm: Tensor | None = None) -> None:
         """The caller has MAX-allreduced whether any rank's `.grad` holds Inf/NaN and found none (the

@@ -749,3 +749,21 @@ class OnebitOptimizer(OptimizerBase):
             norms = torch.stack([self._error_norm(segment) for segment in segments])
             statistics["compression_error_norm"] = float(torch.linalg.vector_norm(norms))
         return statistics
+
+    # -- the training loop's interface (`pretrain.optim.protocol.TrainingOptimizer`) ---------------------
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes of this rank's compressed calls and exact exchanges so far (`traffic`)."""
+        return float(self.traffic.bytes_sent)
+
+    def start_phase(self, *, freeze_step: int | None, max_seq_length: int) -> None:
+        """A training phase starts: `freeze_step` (None: keep it) takes effect from the next step (module
+        docstring), and every `exp_avg_mask` (the position embeddings', `params.param_groups`) lets the
+        momentum through on the rows < `max_seq_length` only."""
+        if freeze_step is not None:
+            self.freeze_step = freeze_step
+        for group in self.param_groups:
+            mask = group.get("exp_avg_mask")
+            if mask is not None:
+                mask.zero_()
+                mask[:max_seq_length] = 1.0
