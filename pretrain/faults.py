@@ -39,12 +39,15 @@ from pathlib import Path
 
 import torch
 
+from pretrain.comm.compressed_allreduce import CompressedAllreduce
+
 ENV = "BERT_LAMB_TEST_FAULT"
 FILE_ENV = "BERT_LAMB_TEST_FAULT_FILE"
 ACTIONS = ("kill", "term", "usr1", "stop", "nan", "inf")
 POINTS = ("mid_step", "after_step", "after_checkpoint", "checkpoint_write", "exchange", "grad_allreduce")
 _SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "stop": signal.SIGSTOP}
-# points inside the communication layer, reached through `inside` (pretrain/comm, pretrain/gradient_sync)
+# points inside the communication layer: the 1-bit exchange's, reached through the hook this module sets
+# on it (`CompressedAllreduce.hook`), and the gradient allreduce's, through `inside` (pretrain/gradient_sync)
 _INNER_POINTS = ("exchange", "grad_allreduce")
 _active: FaultInjector | None = None
 
@@ -95,6 +98,10 @@ class FaultInjector:
         self._fired: set[Fault] = set()
         global _active
         _active = self if any(f.point in _INNER_POINTS for f in self.faults) else None
+        # the exchanges the optimizers build call `inside` between their phases (one attribute check
+        # per call when no such fault is set)
+        exchange = any(f.point == "exchange" for f in self.faults)
+        CompressedAllreduce.hook = self.inside if exchange else None
 
     @classmethod
     def from_env(cls, rank: int) -> FaultInjector:
@@ -114,6 +121,11 @@ class FaultInjector:
             elif fault.action == "kill":
                 _kill(fault)
 
+    def inside(self, point: str) -> None:
+        """A point of the communication layer was reached: act if a fault is set for it at the step being
+        trained (`step`)."""
+        self.at(point, self.step)
+
     def poison(self, step: int, params: list[torch.Tensor]) -> None:
         """Overwrite one gradient element with NaN/Inf if a fault is set for this step."""
         for fault in self.faults:
@@ -123,10 +135,10 @@ class FaultInjector:
 
 
 def inside(point: str) -> None:
-    """A point of the communication layer (`exchange`, `grad_allreduce`) was reached: act if a fault is
-    set for it at the step being trained. One global check when no such fault is set."""
+    """A point of the gradient allreduce (`grad_allreduce`) was reached: act if a fault is set for it at
+    the step being trained. One global check when no such fault is set."""
     if _active is not None:
-        _active.at(point, _active.step)
+        _active.inside(point)
 
 
 def _kill(fault: Fault) -> None:

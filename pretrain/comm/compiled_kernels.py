@@ -35,15 +35,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from pretrain.comm.kernels import CompressionKernels
-
-if TYPE_CHECKING:
-    from pretrain.comm.compressed_allreduce import _RunPlan
+from pretrain.comm.plan import CompressionKernels, RunPlan
 
 _OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "eager_numerics.division_rounding": True,
@@ -75,7 +72,7 @@ class SegmentMap:
 
 
 def _plan_runs(
-    plan: _RunPlan, segment_offset: int = 0, element_offset: int = 0
+    plan: RunPlan, segment_offset: int = 0, element_offset: int = 0
 ) -> list[tuple[int, int, int, int]]:
     table, position = [], segment_offset
     for run in plan.runs:
@@ -188,7 +185,7 @@ class CompiledKernels(CompressionKernels):
         self._maps: dict[Any, SegmentMap | None] = {}
         self._counts: dict[int, torch.Tensor] = {}
 
-    def _map(self, plan: _RunPlan) -> SegmentMap | None:
+    def _map(self, plan: RunPlan) -> SegmentMap | None:
         key = id(plan)
         if key not in self._maps:  # plans live as long as their engine, which holds this object
             one = plan.one_segment  # the engine's plans tile [0, end) of what they describe
@@ -197,7 +194,7 @@ class CompiledKernels(CompressionKernels):
             )
         return self._maps[key]
 
-    def _chunks_map(self, plans: list[_RunPlan], offsets: list[int]) -> SegmentMap:
+    def _chunks_map(self, plans: list[RunPlan], offsets: list[int]) -> SegmentMap:
         key = tuple(id(plan) for plan in plans) + tuple(offsets)
         if key not in self._maps:
             chunk = plans[0].runs[-1].end
@@ -220,7 +217,7 @@ class CompiledKernels(CompressionKernels):
         self,
         values: torch.Tensor,
         scales: torch.Tensor,
-        plan: _RunPlan,
+        plan: RunPlan,
         packed: torch.Tensor,
         scratch: torch.Tensor,
     ) -> None:
@@ -233,7 +230,7 @@ class CompiledKernels(CompressionKernels):
         error: torch.Tensor,
         signs: torch.Tensor,
         scales: torch.Tensor,
-        plan: _RunPlan,
+        plan: RunPlan,
         scratch: torch.Tensor,
     ) -> None:
         n = signs.shape[0]
@@ -245,7 +242,7 @@ class CompiledKernels(CompressionKernels):
             *self._parts(self._map(plan)),
         )
 
-    def decode_(self, packed: torch.Tensor, scales: torch.Tensor, plan: _RunPlan, out: torch.Tensor) -> None:
+    def decode_(self, packed: torch.Tensor, scales: torch.Tensor, plan: RunPlan, out: torch.Tensor) -> None:
         _compiled("decode")(
             packed.reshape(-1), scales.reshape(-1), out.view(-1, 8), *self._parts(self._map(plan))
         )
@@ -254,7 +251,7 @@ class CompiledKernels(CompressionKernels):
         self,
         signs: torch.Tensor,
         scales: torch.Tensor,
-        plans: list[_RunPlan],
+        plans: list[RunPlan],
         offsets: list[int],
         out: torch.Tensor,
     ) -> None:

@@ -42,21 +42,37 @@ DeepSpeed's optimizers skip the call for a single rank, so n == 1 training is ex
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from pretrain import faults
+from pretrain.comm.collectives import all_gather_flat
 from pretrain.comm.counter import TrafficCounter, compressed_call_traffic
-from pretrain.comm.kernels import MomentumSource, get_kernels
-from pretrain.comm.layout import Run, ScaleLayout, run_table
-from pretrain.comm.norms import segment_abs_sums
+from pretrain.comm.kernels import get_kernels
+from pretrain.comm.layout import ScaleLayout
 from pretrain.comm.packing import BITS_PER_BYTE, SignPacker, get_packer
 from pretrain.comm.pipeline import PipelinedExchange, pieces_for
+from pretrain.comm.plan import MomentumSource, RunPlan, ScaleDtype, SignScale
+
+# What `SignScale` and `ScaleDtype` are imported from by the optimizers and their configs
+__all__ = [
+    "CollectiveMode",
+    "CompressedAllreduce",
+    "ErrorStateMismatch",
+    "PointHook",
+    "ScaleDtype",
+    "SignScale",
+    "default_collective_mode",
+    "pad_multiple",
+    "padded_numel",
+]
+
+# Called with the name of a point of the call when it is reached (`CompressedAllreduce`'s ``hook``)
+PointHook = Callable[[str], None]
 
 logger = logging.getLogger(__name__)
 
@@ -116,122 +132,8 @@ def default_collective_mode(group: dist.ProcessGroup | None = None) -> Collectiv
     return CollectiveMode.NATIVE
 
 
-# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns); same contract.
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-class SignScale(str, enum.Enum):
-    """The scale s of a segment y in Q(y) = s·sign(y)."""
-
-    rms = "rms"  # ‖y‖₂/√len (DeepSpeed): ‖Q(y)‖ = ‖y‖
-    mean_abs = "mean_abs"  # ‖y‖₁/len: minimises ‖y − s·sign(y)‖₂ for the given signs
-
-
-class ScaleDtype(str, enum.Enum):
-    """How the segment scales travel. ``float32`` (DeepSpeed); ``bfloat16``: every scale is rounded to
-    bfloat16 where it is computed (worker and server alike) and sent in 2 bytes. The error feedback
-    takes the rounded scale (e ← y − round(s)·sign(y)), so the rounding (≤ 2⁻⁹ relative) is returned
-    by later steps like any other compression error; bfloat16 keeps fp32's range, so no scale can
-    overflow or flush to zero. It halves the scales' bytes, which is what makes one scale per element of
-    the 1-D tensors (``exact_vectors``) fit BERT-Large's byte budget."""
-
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-
-    @property
-    def bytes(self) -> int:
-        return 4 if self is ScaleDtype.float32 else 2
-
-
 class ErrorStateMismatch(ValueError):
     """A saved error state does not fit this instance (other world size, rank, length or layout)."""
-
-
-class _RunPlan:
-    """One list of runs prepared for the engine: the scale of every segment, and segment-wise scaling.
-
-    Single-row runs (a whole tensor, a piece of one) are scaled by one `_foreach` call (their 2-norms
-    taken by one too, their 1-norms run by run); each multi-row run (an embedding's rows, a transposed
-    matrix's columns) by one call on a [rows, row_length] view.
-    """
-
-    def __init__(self, runs: list[Run], sign_scale: SignScale, device: torch.device) -> None:
-        self.runs = runs
-        self.num_segments = sum(run.rows for run in runs)
-        self.order = 2 if sign_scale is SignScale.rms else 1
-        self.root = sign_scale is SignScale.rms
-        self.one_segment = len(runs) == 1 and runs[0].rows == 1
-        singles, positions, self.row_blocks = [], [], []
-        position = 0
-        for run in runs:
-            if run.rows == 1:
-                singles.append(run)
-                positions.append(position)
-            else:
-                self.row_blocks.append((run, position))
-            position += run.rows
-        self.single_bounds = [(run.start, run.end) for run in singles]
-        self.single_positions = torch.tensor(positions, dtype=torch.int64, device=device)
-        self.single_divisors = torch.tensor(
-            [self.divisor(run.row_length) for run in singles], dtype=torch.float32, device=device
-        )
-        self.table = run_table(runs)
-        # mean_abs: every segment's length, the divisor of its 1-norm (lengths < 2^24: exact in fp32)
-        self.segment_divisors = torch.repeat_interleave(
-            torch.tensor([float(run.row_length) for run in runs], dtype=torch.float32),
-            torch.tensor([run.rows for run in runs], dtype=torch.int64),
-        ).to(device)
-        self._tiled_numel = runs[-1].end if _tile(runs) else -1
-
-    def tiles(self, numel: int) -> bool:
-        """Whether the runs cover elements [0, numel) in order without gaps."""
-        return self._tiled_numel == numel
-
-    def divisor(self, length: int) -> float:
-        return math.sqrt(length) if self.root else float(length)
-
-    def scales(self, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """out[i] ← the scale of segment i of ``values`` (1-D, laid out like the runs). 1-norms through
-        :func:`~pretrain.comm.norms.segment_abs_sums` (one numba loop on CPU), divided by the lengths;
-        2-norms through ``vector_norm``."""
-        if not self.root:
-            segment_abs_sums(values, self.table, out)
-            return out.div_(self.segment_divisors)
-        if self.one_segment:  # the expression of spec §2 (and of DeepSpeed), for bitwise parity
-            (run,) = self.runs
-            norm = torch.linalg.vector_norm(values[run.start : run.end], self.order)
-            return out.copy_((norm / self.divisor(run.row_length)).reshape(1))
-        if self.single_bounds:
-            pieces = [values[start:end] for start, end in self.single_bounds]
-            norms = torch.stack(torch._foreach_norm(pieces, self.order))
-            out.index_copy_(0, self.single_positions, norms.div_(self.single_divisors))
-        for run, position in self.row_blocks:
-            target = out[position : position + run.rows]
-            rows = values[run.start : run.end].view(run.rows, run.row_length)
-            torch.linalg.vector_norm(rows, self.order, dim=1, out=target)
-            target.div_(self.divisor(run.row_length))
-        return out
-
-    def apply(self, values: torch.Tensor, scales: torch.Tensor) -> None:
-        """values[segment i] *= scales[i] (values hold ±1 here: the products are exact)."""
-        if self.single_bounds:
-            pieces = [values[start:end] for start, end in self.single_bounds]
-            torch._foreach_mul_(pieces, list(scales.index_select(0, self.single_positions).unbind()))
-        for run, position in self.row_blocks:
-            rows = values[run.start : run.end].view(run.rows, run.row_length)
-            rows.mul_(scales[position : position + run.rows].unsqueeze(1))
-
-    def apply_rows(self, values: torch.Tensor, scales: torch.Tensor) -> None:
-        """``apply`` for many buffers at once: values [m, len], scales [m, num_segments]."""
-        position = 0
-        for run in self.runs:
-            block = values[:, run.start : run.end].view(values.shape[0], run.rows, run.row_length)
-            block.mul_(scales[:, position : position + run.rows].unsqueeze(-1))
-            position += run.rows
-
-
-def _tile(runs: list[Run]) -> bool:
-    return bool(runs) and runs[0].start == 0 and all(a.end == b.start for a, b in itertools.pairwise(runs))
 
 
 class CompressedAllreduce:
@@ -268,10 +170,17 @@ class CompressedAllreduce:
             (:mod:`pretrain.comm.pipeline`): None = auto (1 per MiB of a chunk's signs, at most 8), 0 or 1 =
             off. Same bits either way. Used with one worker per process over the native collectives.
         fuse_worker_pass: the worker's and the server's steps in one pass each where the kernels can
-            (`kernels.WorkerPass`, `kernels.ServerPass`: numba, ``mean_abs``; pipelined, their stretches
-            sent point to point, :mod:`pretrain.comm.pipeline`); False runs the passes separately (a
-            benchmark's peer). Same bits either way.
+            (`numba_kernels.WorkerPass`, `numba_kernels.ServerPass`: numba, ``mean_abs``; pipelined, their
+            stretches sent point to point, :mod:`pretrain.comm.pipeline`); False runs the passes separately
+            (a benchmark's peer). Same bits either way.
+        hook: called with ``"exchange"`` once per call, between the workers' signs and the servers'
+            (after the all-to-all, before the all-gather); by default the class attribute
+            ``CompressedAllreduce.hook`` (None), which the reliability tests' fault injection sets
+            (`pretrain.faults`) for the engines the optimizers build out of its reach. Set by whoever
+            builds the engine; never changes the result.
     """
+
+    hook: PointHook | None = None  # every instance's `hook` unless it is given one (class docstring)
 
     def __init__(
         self,
@@ -289,8 +198,11 @@ class CompressedAllreduce:
         kernels: str | None = None,
         pipeline: int | None = None,
         fuse_worker_pass: bool = True,
+        hook: PointHook | None = None,
     ) -> None:
         self.group = group
+        if hook is not None:
+            self.hook = hook
         if dist.is_available() and dist.is_initialized():
             self.num_processes, self.rank = dist.get_world_size(group), dist.get_rank(group)
         elif group is None:  # no torch.distributed: a world of this one process (virtual workers only)
@@ -319,7 +231,7 @@ class CompressedAllreduce:
         self.traffic = counter or TrafficCounter()
         self.sign_scale = SignScale(sign_scale)
         self.scale_dtype = ScaleDtype(scale_dtype)
-        self._wire_dtype = torch.bfloat16 if self.scale_dtype is ScaleDtype.bfloat16 else None
+        self.wire_dtype = torch.bfloat16 if self.scale_dtype is ScaleDtype.bfloat16 else None
         self._wire_buffers: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}  # `_wire_buffer`
         self.layout = layout or ScaleLayout.single_scale(numel, self.world_size)
         if (self.layout.numel, self.layout.world_size) != (numel, self.world_size):
@@ -357,26 +269,30 @@ class CompressedAllreduce:
     # ------------------------------------------------------------------------------- set-up
 
     def _prepare(self) -> None:
-        """Plans and send/receive buffers reused by every call (their sizes never change)."""
+        """Plans and send/receive buffers reused by every call (their sizes never change). The pipeline
+        (:mod:`pretrain.comm.pipeline`) runs a call over the same ones: those it reads are public
+        attributes (``worker_plan``, ``chunk_plans``, ``worker_errors``, ``recv_signs``, …), as are the
+        steps it shares (``round_scales``, ``exchange_worker_scales``, ``exchange_server_scales``); the
+        rest stays private to this module."""
         k, processes, n = self.virtual_workers, self.num_processes, self.world_size
         layout, device = self.layout, self.device
         chunk_bytes = self.chunk_numel // BITS_PER_BYTE
-        self._worker_errors = self.worker_error.view(k, self.numel)
-        self._server_errors = self.server_error.view(k, self.chunk_numel)
-        self._worker_plan = _RunPlan(layout.worker_runs, self.sign_scale, device)
-        self._chunk_plans = [_RunPlan(runs, self.sign_scale, device) for runs in layout.chunk_runs]
-        self._local_chunks = [self.rank * k + c for c in range(k)]
+        self.worker_errors = self.worker_error.view(k, self.numel)
+        self.server_errors = self.server_error.view(k, self.chunk_numel)
+        self.worker_plan = RunPlan(layout.worker_runs, self.sign_scale, device)
+        self.chunk_plans = [RunPlan(runs, self.sign_scale, device) for runs in layout.chunk_runs]
+        self.local_chunks = [self.rank * k + c for c in range(k)]
         segments = layout.chunk_segments
         # Phase 1. Signs: [destination process, worker, its local chunk, bytes]; for k == 1 that is
         # the packed buffer itself.
-        self._worker_scales = torch.empty(k, layout.worker_segments, device=device)
-        self._worker_packed = torch.empty(k, self.numel // BITS_PER_BYTE, dtype=torch.uint8, device=device)
+        self.worker_scales = torch.empty(k, layout.worker_segments, device=device)
+        self.worker_packed = torch.empty(k, self.numel // BITS_PER_BYTE, dtype=torch.uint8, device=device)
         shape = (processes, k, k, chunk_bytes)
         if k == 1:
-            self._send_signs = self._worker_packed.view(shape)
+            self._send_signs = self.worker_packed.view(shape)
         else:
             self._send_signs = torch.empty(shape, dtype=torch.uint8, device=device)
-        self._recv_signs = (
+        self.recv_signs = (
             self._send_signs if processes == 1 else torch.empty(shape, dtype=torch.uint8, device=device)
         )
         # Scales in the same order: worker w's scales of the segments of chunk q·k + c.
@@ -390,28 +306,28 @@ class CompressedAllreduce:
                     index.extend(range(base, base + segments[chunk]))
                     count += segments[chunk]
             self._send_scale_splits.append(count)
-        self._send_scale_index = torch.tensor(index, dtype=torch.int64, device=device)
-        self._send_scales = torch.empty(len(index), device=device)
-        self._local_segments = sum(segments[chunk] for chunk in self._local_chunks)
-        self._local_offsets = [sum(segments[self.rank * k : chunk]) for chunk in self._local_chunks]
-        self._recv_scales = (
-            self._send_scales if processes == 1 else torch.empty(n * self._local_segments, device=device)
+        self.send_scale_index = torch.tensor(index, dtype=torch.int64, device=device)
+        self.send_scales = torch.empty(len(index), device=device)
+        self.local_segments = sum(segments[chunk] for chunk in self.local_chunks)
+        self._local_offsets = [sum(segments[self.rank * k : chunk]) for chunk in self.local_chunks]
+        self.recv_scales = (
+            self.send_scales if processes == 1 else torch.empty(n * self.local_segments, device=device)
         )
         # Server and phase 2.
-        self._server_scales = torch.empty(self._local_segments, device=device)
-        self._server_packed = torch.empty(k, chunk_bytes, dtype=torch.uint8, device=device)
-        self._gathered_server_packed = (
-            self._server_packed
+        self.server_scales = torch.empty(self.local_segments, device=device)
+        self.server_packed = torch.empty(k, chunk_bytes, dtype=torch.uint8, device=device)
+        self.gathered_server_packed = (
+            self.server_packed
             if processes == 1
             else torch.empty(processes, k, chunk_bytes, dtype=torch.uint8, device=device)
         )
         self._process_segments = [sum(segments[q * k : q * k + k]) for q in range(processes)]
-        self._all_server_scales = (
-            self._server_scales if processes == 1 else torch.empty(sum(segments), device=device)
+        self.all_server_scales = (
+            self.server_scales if processes == 1 else torch.empty(sum(segments), device=device)
         )
-        self._chunk_scale_offsets = [sum(segments[:chunk]) for chunk in range(n)]
+        self.chunk_scale_offsets = [sum(segments[:chunk]) for chunk in range(n)]
         if processes > 1:
-            self._replicated_server_scales = torch.empty(processes * self._local_segments, device=device)
+            self._replicated_server_scales = torch.empty(processes * self.local_segments, device=device)
         if processes > 1 and self.collective_mode is CollectiveMode.ALL_GATHER:
             self._prepare_all_gather_mode()
 
@@ -424,7 +340,7 @@ class CompressedAllreduce:
         self._all_worker_scales = torch.empty(processes, k, layout.worker_segments, device=self.device)
         mine = [
             layout.payload_offsets[chunk] + offset
-            for chunk in self._local_chunks
+            for chunk in self.local_chunks
             for offset in range(layout.chunk_segments[chunk])
         ]
         self._my_payload_index = torch.tensor(mine, dtype=torch.int64, device=self.device)
@@ -450,7 +366,7 @@ class CompressedAllreduce:
         scratch) and the average is written into ``out`` (1-D, ``numel``), which is returned.
 
         ``source`` (one worker per process): this rank's values are not in ``buffer`` yet but formed from
-        it (:class:`~pretrain.comm.kernels.MomentumSource`: the momenta, which may be views of ``buffer``;
+        it (:class:`~pretrain.comm.plan.MomentumSource`: the momenta, which may be views of ``buffer``;
         its pad elements are read from ``buffer``), inside the first pass where the kernels can.
         """
         local, out = self._check_call(buffer, out)
@@ -467,7 +383,8 @@ class CompressedAllreduce:
         for worker in range(self.virtual_workers):
             self._compress_worker(worker, local[worker], source)
         self._exchange_worker_chunks()
-        faults.inside("exchange")  # test-only (pretrain/faults.py): between the all-to-all and the all-gather
+        if self.hook is not None:  # between the all-to-all and the all-gather (test-only fault injection)
+            self.hook("exchange")
         scratch = local.view(-1)
         for local_chunk in range(self.virtual_workers):
             self._serve(local_chunk, scratch)
@@ -477,72 +394,72 @@ class CompressedAllreduce:
 
     def _compress_worker(self, worker: int, values: torch.Tensor, source: MomentumSource | None) -> None:
         """Spec §2 steps 1-2: y = x + e_w (held in the error buffer), scales, signs, e_w ← y − Q(y)."""
-        error, plan = self._worker_errors[worker], self._worker_plan
+        error, plan = self.worker_errors[worker], self.worker_plan
         fused = None
         if self.fuse_worker_pass:
-            bfloat16 = self._wire_dtype is not None
+            bfloat16 = self.wire_dtype is not None
             fused = self.kernels.worker_pass(
-                error, values, plan, self._worker_scales[worker], source, bfloat16=bfloat16
+                error, values, plan, self.worker_scales[worker], source, bfloat16=bfloat16
             )
-        if fused is not None:  # the same steps segment by segment, in one pass (kernels.WorkerPass)
-            fused.run(0, self.numel, self._worker_packed[worker], 0)
+        if fused is not None:  # the same steps segment by segment, in one pass (numba_kernels.WorkerPass)
+            fused.run(0, self.numel, self.worker_packed[worker], 0)
             return
-        scales = self.kernels.add_scales_(error, values, plan, out=self._worker_scales[worker], source=source)
-        scales = self._round(scales)
+        scales = self.kernels.add_scales_(error, values, plan, out=self.worker_scales[worker], source=source)
+        scales = self.round_scales(scales)
         # `values` is free scratch from here on
-        self.kernels.compress_(error, scales, plan, self._worker_packed[worker], scratch=values)
+        self.kernels.compress_(error, scales, plan, self.worker_packed[worker], scratch=values)
 
     def _exchange_worker_chunks(self) -> None:
         """Phase 1: chunk j's signs and worker scales go to the process serving chunk j."""
         k, processes = self.virtual_workers, self.num_processes
         if k > 1:
-            per_destination = self._worker_packed.view(k, processes, k, -1).transpose(0, 1)
+            per_destination = self.worker_packed.view(k, processes, k, -1).transpose(0, 1)
             self._send_signs.copy_(per_destination)
-        torch.index_select(self._worker_scales.view(-1), 0, self._send_scale_index, out=self._send_scales)
+        torch.index_select(self.worker_scales.view(-1), 0, self.send_scale_index, out=self.send_scales)
         if processes == 1:
             return
         if self.collective_mode is CollectiveMode.NATIVE:
-            dist.all_to_all_single(self._recv_signs.view(-1), self._send_signs.view(-1), group=self.group)
-            self._exchange_worker_scales()
+            dist.all_to_all_single(self.recv_signs.view(-1), self._send_signs.view(-1), group=self.group)
+            self.exchange_worker_scales()
             return
-        dist.all_gather(list(self._all_packed.unbind(0)), self._worker_packed, group=self.group)
+        dist.all_gather(list(self._all_packed.unbind(0)), self.worker_packed, group=self.group)
         n, first = self.world_size, self.rank * k
         per_chunk = self._all_packed.view(processes, k, n, -1)[:, :, first : first + k]
-        self._recv_signs.copy_(per_chunk)
-        self._all_gather_scales(self._all_worker_scales, self._worker_scales)
+        self.recv_signs.copy_(per_chunk)
+        self._all_gather_scales(self._all_worker_scales, self.worker_scales)
         gathered = self._all_worker_scales.view(n, -1).index_select(1, self._my_payload_index)
-        self._recv_scales.copy_(gathered.view(-1))
+        self.recv_scales.copy_(gathered.view(-1))
 
     def _serve(self, local_chunk: int, scratch: torch.Tensor) -> None:
         """Spec §2 step 4 for one chunk: z = (1/n) Σ_i Q_i + e_s (worker order), then e_s ← z − Q(z)."""
-        n, chunk = self.world_size, self._local_chunks[local_chunk]
-        plan, count = self._chunk_plans[chunk], self.layout.chunk_segments[chunk]
+        n, chunk = self.world_size, self.local_chunks[local_chunk]
+        plan, count = self.chunk_plans[chunk], self.layout.chunk_segments[chunk]
         offset = self._local_offsets[local_chunk]
-        signs = self._recv_signs[:, :, local_chunk].reshape(n, -1)
-        scales = self._recv_scales.view(n, self._local_segments)[:, offset : offset + count]
-        server_value = self._server_errors[local_chunk]
+        signs = self.recv_signs[:, :, local_chunk].reshape(n, -1)
+        scales = self.recv_scales.view(n, self.local_segments)[:, offset : offset + count]
+        server_value = self.server_errors[local_chunk]
         server = None
-        if self.fuse_worker_pass:  # the same steps segment by segment, in one pass (kernels.ServerPass)
+        if self.fuse_worker_pass:  # the same steps segment by segment, in one pass (numba_kernels.ServerPass)
             server = self.kernels.server_pass(
                 server_value,
                 signs.contiguous(),
                 scales.contiguous(),
                 plan,
-                self._server_scales[offset : offset + count],
-                bfloat16=self._wire_dtype is not None,
+                self.server_scales[offset : offset + count],
+                bfloat16=self.wire_dtype is not None,
             )
         if server is not None:
-            server.run(0, self.chunk_numel, self._server_packed[local_chunk], 0)
+            server.run(0, self.chunk_numel, self.server_packed[local_chunk], 0)
             return
         self.kernels.accumulate_(server_value, signs, scales, plan, scratch=scratch[: n * self.chunk_numel])
-        server_scales = self._round(
-            plan.scales(server_value, out=self._server_scales[offset : offset + count])
+        server_scales = self.round_scales(
+            plan.scales(server_value, out=self.server_scales[offset : offset + count])
         )
         self.kernels.compress_(
             server_value,
             server_scales,
             plan,
-            self._server_packed[local_chunk],
+            self.server_packed[local_chunk],
             scratch=scratch[: self.chunk_numel],
         )
 
@@ -552,36 +469,36 @@ class CompressedAllreduce:
         if processes == 1:
             return
         if self.collective_mode is CollectiveMode.NATIVE:
-            _all_gather_flat(
-                self._gathered_server_packed.view(-1), self._server_packed.view(-1), group=self.group
+            all_gather_flat(
+                self.gathered_server_packed.view(-1), self.server_packed.view(-1), group=self.group
             )
-            self._exchange_server_scales()
+            self.exchange_server_scales()
             return
-        gathered = list(self._gathered_server_packed.view(processes, -1).unbind(0))
-        dist.all_gather(gathered, self._server_packed.view(-1), group=self.group)
-        self._padded_server_scales[: self._local_segments].copy_(self._server_scales)
+        gathered = list(self.gathered_server_packed.view(processes, -1).unbind(0))
+        dist.all_gather(gathered, self.server_packed.view(-1), group=self.group)
+        self._padded_server_scales[: self.local_segments].copy_(self.server_scales)
         self._all_gather_scales(self._all_padded_server_scales, self._padded_server_scales)
         torch.index_select(
-            self._all_padded_server_scales.view(-1), 0, self._valid_server_scales, out=self._all_server_scales
+            self._all_padded_server_scales.view(-1), 0, self._valid_server_scales, out=self.all_server_scales
         )
 
-    def _exchange_worker_scales(self) -> None:
-        """Native phase 1's scales: ``_send_scales`` (filled) to the processes serving their chunks."""
+    def exchange_worker_scales(self) -> None:
+        """Native phase 1's scales: ``send_scales`` (filled) to the processes serving their chunks."""
         self._all_to_all_scales(
-            self._recv_scales,
-            self._send_scales,
-            [self.virtual_workers * self._local_segments] * self.num_processes,
+            self.recv_scales,
+            self.send_scales,
+            [self.virtual_workers * self.local_segments] * self.num_processes,
             self._send_scale_splits,
         )
 
-    def _exchange_server_scales(self) -> None:
+    def exchange_server_scales(self) -> None:
         """Native phase 2's scales: this process's server scales to every process."""
-        self._replicated_server_scales.view(self.num_processes, -1).copy_(self._server_scales)
+        self._replicated_server_scales.view(self.num_processes, -1).copy_(self.server_scales)
         self._all_to_all_scales(
-            self._all_server_scales,
+            self.all_server_scales,
             self._replicated_server_scales,
             self._process_segments,
-            [self._local_segments] * self.num_processes,
+            [self.local_segments] * self.num_processes,
         )
 
     def _wire_buffer(self, like: torch.Tensor) -> torch.Tensor:
@@ -590,13 +507,13 @@ class CompressedAllreduce:
         key = (like.data_ptr(), tuple(like.shape))
         buffer = self._wire_buffers.get(key)
         if buffer is None:
-            buffer = torch.empty(like.shape, dtype=self._wire_dtype, device=self.device)
+            buffer = torch.empty(like.shape, dtype=self.wire_dtype, device=self.device)
             self._wire_buffers[key] = buffer
         return buffer
 
-    def _round(self, scales: torch.Tensor) -> torch.Tensor:
+    def round_scales(self, scales: torch.Tensor) -> torch.Tensor:
         """Round ``scales`` in place to what the wire carries (``scale_dtype``); returns them."""
-        if self._wire_dtype is not None:
+        if self.wire_dtype is not None:
             scales.copy_(self._wire_buffer(scales).copy_(scales))
         return scales
 
@@ -604,7 +521,7 @@ class CompressedAllreduce:
         self, output: torch.Tensor, send: torch.Tensor, output_splits: list[int], input_splits: list[int]
     ) -> None:
         """``all_to_all_single`` of fp32 scale buffers, sent in ``scale_dtype`` (exact: already rounded)."""
-        wire = self._wire_dtype is not None
+        wire = self.wire_dtype is not None
         received = self._wire_buffer(output) if wire else output
         dist.all_to_all_single(
             received,
@@ -618,7 +535,7 @@ class CompressedAllreduce:
 
     def _all_gather_scales(self, output: torch.Tensor, send: torch.Tensor) -> None:
         """``all_gather`` of ``send`` into the rows of ``output`` (fp32), sent in ``scale_dtype``."""
-        wire = self._wire_dtype is not None
+        wire = self.wire_dtype is not None
         received = self._wire_buffer(output) if wire else output
         sent = self._wire_buffer(send).copy_(send) if wire else send
         dist.all_gather(list(received.unbind(0)), sent, group=self.group)
@@ -627,9 +544,9 @@ class CompressedAllreduce:
 
     def _decode_output(self, out: torch.Tensor) -> None:
         """Spec §2 step 6: every chunk decoded from its server's signs and scales."""
-        signs = self._gathered_server_packed.view(self.world_size, -1)
+        signs = self.gathered_server_packed.view(self.world_size, -1)
         self.kernels.decode_chunks_(
-            signs, self._all_server_scales, self._chunk_plans, self._chunk_scale_offsets, out
+            signs, self.all_server_scales, self.chunk_plans, self.chunk_scale_offsets, out
         )
 
     def _check_call(

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pretrain.comm.compressed_allreduce import _all_gather_flat
+from pretrain.comm.collectives import all_gather_flat
 from pretrain.comm.counter import TrafficCounter
 
 
@@ -46,7 +46,7 @@ def worker_order_mean(
     total = total.div_(world_size).to(wire_dtype)
     if processes > 1:
         gathered = torch.empty(numel, dtype=total.dtype, device=total.device)
-        _all_gather_flat(gathered, total, group=group)
+        all_gather_flat(gathered, total, group=group)
         total = gathered
     counter.record_exact(numel, torch.finfo(wire_dtype).bits // 8, world_size)
     return total.float()

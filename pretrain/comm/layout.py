@@ -199,3 +199,33 @@ class ScaleLayout:
     def __repr__(self) -> str:
         kind = "single" if self.single else f"{self.total_chunk_segments} segments"
         return f"ScaleLayout(numel={self.numel}, world_size={self.world_size}, {kind})"
+
+
+def cut_runs(runs: list[Run], low: int, high: int) -> tuple[list[Run], int]:
+    """The runs (which tile [0, end) in order, segment i after segment i−1) restricted to [low, high),
+    with starts relative to ``low``, and the index of their first segment."""
+    pieces: list[Run] = []
+    first_segment: int | None = None
+    segment = 0
+    for run in runs:
+        if run.end <= low or run.start >= high:
+            segment += run.rows
+            continue
+        length = run.row_length
+        first_row = max(0, (low - run.start) // length)
+        last_row = min(run.rows, -(-(high - run.start) // length))  # rows touching [low, high)
+        if first_segment is None:
+            first_segment = segment + first_row
+        row = first_row
+        while row < last_row:
+            row_start = run.start + row * length
+            begin, end = max(row_start, low), min(row_start + length, high)
+            if begin == row_start and end == row_start + length:  # whole rows: one run for all of them
+                whole = min(last_row, row + (high - row_start) // length) - row
+                pieces.append(Run(row_start - low, whole, length))
+                row += whole
+                continue
+            pieces.append(Run(begin - low, 1, end - begin))
+            row += 1
+        segment += run.rows
+    return pieces, first_segment or 0

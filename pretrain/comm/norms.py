@@ -3,7 +3,7 @@
 ATen's ``vector_norm(ord=1)`` runs a scalar loop on CPU: ~0.9 ns per element on the 2-core bench machine,
 eight times its 2-norm (``python -m bench comm``'s ``segment_l1_norms_ns_per_element``), which made the
 scales ~150 ms of each BERT-Base compression step. Here, on CPU with numba (the compressed allreduce's
-kernels, :mod:`pretrain.comm.kernels`), one loop over the layout's runs sums each segment block by block:
+kernels, :mod:`pretrain.comm.numba_loops`), one loop over the layout's runs sums each segment block by block:
 float64 partial sums of ``SUM_BLOCK`` elements (vectorised by LLVM), added in order, rounded to fp32 once
 (0.22 ns per element from memory in a one-thread probe of 64M elements, against 0.37–0.40 for the torch
 blocks below). The worker's fused pass (``NumbaKernels.add_scales_``) adds x + e and sums each block in the
@@ -18,22 +18,26 @@ bit. The 2-norm (``rms``, DeepSpeed's) stays ``vector_norm`` everywhere: it is v
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
+
+from pretrain.comm.numba_support import numba_unavailable_reason
 
 # Elements of |x| the torch fallback holds at a time (1 MiB of fp32: in L2 on current CPUs; smaller
 # blocks pay Python's per-call overhead, 0.5 ns per element at 256 KiB).
 BLOCK = 1 << 18
 
 
-def _numba_sums():
-    """The numba functions (``pretrain.comm.kernels``), or None where numba cannot be used."""
-    from pretrain.comm import kernels
-
-    if kernels.numba_unavailable_reason() is not None:
+def _numba_sums() -> Any:
+    """The numba loops (:mod:`pretrain.comm.numba_loops`), or None where numba cannot be used."""
+    if numba_unavailable_reason() is not None:
         return None
-    return kernels._numba_functions()
+    from pretrain.comm import numba_loops  # imports numba
+
+    return numba_loops
 
 
 def _numba_usable(values: Tensor, out: Tensor) -> bool:
@@ -50,7 +54,7 @@ def segment_abs_sums(values: Tensor, table: np.ndarray, out: Tensor) -> Tensor:
     """out[s] ← Σ|values| over segment s of the runs in ``table``
     (:func:`~pretrain.comm.layout.run_table`: start, rows, row length, first segment); returns ``out``."""
     if _numba_usable(values, out):
-        _numba_sums()["segment_abs_sums"](values.numpy(), table, out.numpy())
+        _numba_sums().segment_abs_sums(values.numpy(), table, out.numpy())
         return out
     for start, rows, length, first in table.tolist():
         rows_view = values[start : start + rows * length].view(rows, length)
@@ -67,7 +71,7 @@ def abs_row_sums(rows: Tensor, out: Tensor) -> Tensor:
     count, length = rows.shape
     if _numba_usable(rows, out):
         table = np.asarray([[0, count, length, 0]], dtype=np.int64)
-        _numba_sums()["segment_abs_sums"](rows.reshape(-1).numpy(), table, out.numpy())
+        _numba_sums().segment_abs_sums(rows.reshape(-1).numpy(), table, out.numpy())
         return out
     if rows.device.type != "cpu":
         return torch.linalg.vector_norm(rows, 1, dim=1, out=out)

@@ -88,7 +88,7 @@ def _pack(values: torch.Tensor, out: torch.Tensor | None, workspace: _Workspace 
 
 
 @functools.cache
-def _sign_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def sign_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """(256, 8) table: row b holds the ±1 values that byte b decodes to, MSB first."""
     byte_values = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(1)
     shifts = torch.arange(7, -1, -1, dtype=torch.int32, device=device)
@@ -107,7 +107,7 @@ def _unpack_scaled(
     _check_packed(packed)
     num_bytes = packed.numel()
     result = _output(out, dtype, num_bytes * BITS_PER_BYTE, packed.device)
-    table = _sign_table(dtype, packed.device)
+    table = sign_table(dtype, packed.device)
     # index_select takes int32 indices (half the memory of int64).
     indices = _scratch(workspace, "indices", num_bytes, torch.int32, packed.device)
     indices.copy_(packed.reshape(-1))

@@ -42,8 +42,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pretrain import faults
-from pretrain.comm.layout import Run, segment_bounds
+from pretrain.comm.collectives import all_gather_flat
+from pretrain.comm.layout import Run, cut_runs, segment_bounds
+from pretrain.comm.plan import RunPlan
 
 # Auto: about this many bytes of signs per piece and destination; at most MAX_PIECES pieces.
 PIECE_BYTES = 1 << 20
@@ -53,36 +54,6 @@ MAX_PIECES = 8
 def auto_pieces(chunk_bytes: int) -> int:
     """Pieces for a chunk of ``chunk_bytes`` packed bytes: 1 below 2 MiB (nothing worth hiding), up to 8."""
     return max(1, min(MAX_PIECES, chunk_bytes // PIECE_BYTES))
-
-
-def cut_runs(runs: list[Run], low: int, high: int) -> tuple[list[Run], int]:
-    """The runs (which tile [0, end) in order, segment i after segment i−1) restricted to [low, high),
-    with starts relative to ``low``, and the index of their first segment."""
-    pieces: list[Run] = []
-    first_segment: int | None = None
-    segment = 0
-    for run in runs:
-        if run.end <= low or run.start >= high:
-            segment += run.rows
-            continue
-        length = run.row_length
-        first_row = max(0, (low - run.start) // length)
-        last_row = min(run.rows, -(-(high - run.start) // length))  # rows touching [low, high)
-        if first_segment is None:
-            first_segment = segment + first_row
-        row = first_row
-        while row < last_row:
-            row_start = run.start + row * length
-            begin, end = max(row_start, low), min(row_start + length, high)
-            if begin == row_start and end == row_start + length:  # whole rows: one run for all of them
-                whole = min(last_row, row + (high - row_start) // length) - row
-                pieces.append(Run(row_start - low, whole, length))
-                row += whole
-                continue
-            pieces.append(Run(begin - low, 1, end - begin))
-            row += 1
-        segment += run.rows
-    return pieces, first_segment or 0
 
 
 @dataclass
@@ -102,14 +73,11 @@ class _Piece:
 
 
 class PipelinedExchange:
-    """Runs one engine call piece by piece (module docstring). Built by the engine, which it reads."""
+    """Runs one engine call piece by piece (module docstring). Built by the engine, whose public buffers,
+    plans and steps it uses (the set-up of `CompressedAllreduce`)."""
 
     def __init__(self, engine, pieces: int) -> None:
-        # (imported here: compressed_allreduce imports this module)
-        from pretrain.comm.compressed_allreduce import _all_gather_flat, _RunPlan
-
         self.engine = engine
-        self._all_gather_flat = _all_gather_flat
         n, chunk_bytes = engine.world_size, engine.chunk_numel // 8
         self.pieces = [
             _Piece(b * chunk_bytes // pieces, (b + 1) * chunk_bytes // pieces) for b in range(pieces)
@@ -117,9 +85,9 @@ class PipelinedExchange:
         device, sign_scale = engine.device, engine.sign_scale
         layout = engine.layout
 
-        def plan(runs: list[Run], low: int, high: int) -> tuple[_RunPlan, int]:
+        def plan(runs: list[Run], low: int, high: int) -> tuple[RunPlan, int]:
             cut, first = cut_runs(runs, low, high)
-            return _RunPlan(cut, sign_scale, device), first
+            return RunPlan(cut, sign_scale, device), first
 
         chunk = engine.chunk_numel
         worker_runs = layout.worker_runs
@@ -133,10 +101,10 @@ class PipelinedExchange:
         ]
         # The pieces' sign buffers are carved out of the engine's own (same total sizes): no extra memory.
         sizes = [p.byte_high - p.byte_low for p in self.pieces]
-        self.send = _carve(engine._worker_packed, sizes, n)
-        self.received = _carve(engine._recv_signs, sizes, n)
-        self.server_send = _carve(engine._server_packed, sizes, None)
-        self.gathered = _carve(engine._gathered_server_packed, sizes, n)
+        self.send = _carve(engine.worker_packed, sizes, n)
+        self.received = _carve(engine.recv_signs, sizes, n)
+        self.server_send = _carve(engine.server_packed, sizes, None)
+        self.gathered = _carve(engine.gathered_server_packed, sizes, n)
         # Phase one fused where the kernels fuse the worker's step and the layout's segments allow pieces
         self.stretches = fused_stretches(engine, pieces)
         self._fused = _Fused(engine, self.stretches, plan) if self.stretches is not None else None
@@ -146,7 +114,8 @@ class PipelinedExchange:
             self._fused_call(values, out, source)
             return
         self._phase_one(values, source)
-        faults.inside("exchange")  # test-only (pretrain/faults.py): between the all-to-all and the all-gather
+        if self.engine.hook is not None:  # between the all-to-all and the all-gather (the engine's ``hook``)
+            self.engine.hook("exchange")
         self._phase_two(values, out)
 
     def _phase_one(self, values: torch.Tensor, source) -> None:
@@ -155,14 +124,12 @@ class PipelinedExchange:
         kernels, group, n, rank = engine.kernels, engine.group, engine.world_size, engine.rank
         chunk = engine.chunk_numel
         # 1. worker: y = x + e, the scales over the whole buffer, sent ahead of the signs
-        error = engine._worker_errors[0]
-        scales = engine._round(
-            kernels.add_scales_(
-                error, values, engine._worker_plan, out=engine._worker_scales[0], source=source
-            )
+        error = engine.worker_errors[0]
+        scales = engine.round_scales(
+            kernels.add_scales_(error, values, engine.worker_plan, out=engine.worker_scales[0], source=source)
         )
-        torch.index_select(scales, 0, engine._send_scale_index, out=engine._send_scales)
-        engine._exchange_worker_scales()
+        torch.index_select(scales, 0, engine.send_scale_index, out=engine.send_scales)
+        engine.exchange_worker_scales()
         phase_one = []
         for piece, plans, send, received in zip(self.pieces, self.worker_plans, self.send, self.received):
             for j, (worker_plan, first) in enumerate(plans):
@@ -176,8 +143,8 @@ class PipelinedExchange:
                 )
             phase_one.append(dist.all_to_all_single(received, send, group=group, async_op=True))
         # 2. server: accumulate each piece as it arrives
-        server_error = engine._server_errors[0]
-        worker_scales = engine._recv_scales.view(n, engine._local_segments)
+        server_error = engine.server_errors[0]
+        worker_scales = engine.recv_scales.view(n, engine.local_segments)
         scratch = values[: n * chunk]
         for work, piece, plans, received in zip(phase_one, self.pieces, self.chunk_plans, self.received):
             work.wait()
@@ -196,13 +163,13 @@ class PipelinedExchange:
         assert fused is not None and self.stretches is not None
         group, n, rank, chunk = engine.group, engine.world_size, engine.rank, engine.chunk_numel
         peers, others = fused.peers, [i for i in range(n) if i != rank]
-        error, scales = engine._worker_errors[0], engine._worker_scales[0]
-        bfloat16 = engine._wire_dtype is not None
+        error, scales = engine.worker_errors[0], engine.worker_scales[0]
+        bfloat16 = engine.wire_dtype is not None
         worker = engine.kernels.worker_pass(
-            error, values, engine._worker_plan, scales, source, bfloat16=bfloat16
+            error, values, engine.worker_plan, scales, source, bfloat16=bfloat16
         )
-        signs = engine._recv_signs.view(n, chunk // 8)
-        received_scales = engine._recv_scales.view(n, engine._local_segments)
+        signs = engine.recv_signs.view(n, chunk // 8)
+        received_scales = engine.recv_scales.view(n, engine.local_segments)
         scales_in, scales_out = fused.scales_in, fused.scales_out
         local, origin = engine.layout.payload_offsets[rank], rank * chunk // 8
         # 1. every worker stretch of this process's chunk, posted first
@@ -221,8 +188,8 @@ class PipelinedExchange:
                 ]
             )
         # 2. the other servers' stretches, posted before any is sent
-        gathered = engine._gathered_server_packed.view(n, chunk // 8)
-        all_scales, offsets = engine._all_server_scales, engine._chunk_scale_offsets
+        gathered = engine.gathered_server_packed.view(n, chunk // 8)
+        all_scales, offsets = engine.all_server_scales, engine.chunk_scale_offsets
         server_in = fused.server_scales_in
         gathers: dict[tuple[int, int], list[Any]] = {
             (j, t): [
@@ -242,7 +209,7 @@ class PipelinedExchange:
         # after this process's first (rank + 1, …, wrapping round), so that every chunk's server gets the
         # stretches of some worker early
         sends: list[Any] = []
-        packed = engine._worker_packed[0]
+        packed = engine.worker_packed[0]
         for j in ((rank + k) % n for k in range(1, n)):
             for b, stretch in enumerate(self.stretches[j]):
                 first, last = stretch.first, stretch.last
@@ -252,17 +219,17 @@ class PipelinedExchange:
                 piece = packed[stretch.bytes_low : stretch.bytes_high]
                 sends.append(dist.isend(piece, dst=peers[j], group=group, tag=2 * b))
                 sends.append(dist.isend(scales_out[first:last], dst=peers[j], group=group, tag=2 * b + 1))
-        # test-only (pretrain/faults.py): between the workers' signs and the servers'
-        faults.inside("exchange")
+        if engine.hook is not None:  # between the workers' signs and the servers' (the engine's ``hook``)
+            engine.hook("exchange")
         # then this process's chunk, straight into its row of the chunk's signs, each server stretch served
         # and sent as soon as the workers' stretches it needs are in (phase 2 on the wire while the pass
         # goes on)
-        own = slice(offsets[rank], offsets[rank] + engine._local_segments)
+        own = slice(offsets[rank], offsets[rank] + engine.local_segments)
         server = engine.kernels.server_pass(
-            engine._server_errors[0],
+            engine.server_errors[0],
             signs,
             received_scales,
-            engine._chunk_plans[rank],
+            engine.chunk_plans[rank],
             all_scales[own],
             bfloat16=bfloat16,
         )
@@ -300,7 +267,7 @@ class PipelinedExchange:
         # 3. this chunk decoded at once; the others' stretch by stretch as they arrive
         kernels = engine.kernels
         kernels.decode_(
-            gathered[rank], all_scales[own], engine._chunk_plans[rank], out[rank * chunk : (rank + 1) * chunk]
+            gathered[rank], all_scales[own], engine.chunk_plans[rank], out[rank * chunk : (rank + 1) * chunk]
         )
         for j in others:
             for t, (part, (plan, first)) in enumerate(zip(fused.server_stretches[j], fused.decode_plans[j])):
@@ -324,11 +291,11 @@ class PipelinedExchange:
         engine = self.engine
         kernels, group, rank = engine.kernels, engine.group, engine.rank
         chunk = engine.chunk_numel
-        server_error = engine._server_errors[0]
+        server_error = engine.server_errors[0]
         scratch = values[:chunk]
-        chunk_plan = engine._chunk_plans[engine._local_chunks[0]]
-        server_scales = engine._round(chunk_plan.scales(server_error, out=engine._server_scales))
-        engine._exchange_server_scales()
+        chunk_plan = engine.chunk_plans[engine.local_chunks[0]]
+        server_scales = engine.round_scales(chunk_plan.scales(server_error, out=engine.server_scales))
+        engine.exchange_server_scales()
         phase_two = []
         for piece, plans, server_send, gathered in zip(
             self.pieces, self.chunk_plans, self.server_send, self.gathered
@@ -341,11 +308,9 @@ class PipelinedExchange:
                 server_send,
                 scratch=scratch[: piece.high - piece.low],
             )
-            phase_two.append(
-                self._all_gather_flat(gathered.view(-1), server_send, group=group, async_op=True)
-            )
+            phase_two.append(all_gather_flat(gathered.view(-1), server_send, group=group, async_op=True))
         # 3. decode each piece of every chunk as it arrives
-        all_scales, offsets = engine._all_server_scales, engine._chunk_scale_offsets
+        all_scales, offsets = engine.all_server_scales, engine.chunk_scale_offsets
         for work, piece, plans, gathered in zip(phase_two, self.pieces, self.chunk_plans, self.gathered):
             work.wait()
             for j, (chunk_plan, first) in enumerate(plans):
@@ -385,7 +350,7 @@ def fused_stretches(engine, pieces: int) -> list[list[_Stretch]] | None:
     equal split (each stretch at least one byte of signs). None where the kernels do not fuse the worker's
     step, or the segments are too long to cut (a stretch over twice its share: e.g. one scale per
     tensor), or a chunk's payload is not its own segments."""
-    plan, chunk, layout = engine._worker_plan, engine.chunk_numel, engine.layout
+    plan, chunk, layout = engine.worker_plan, engine.chunk_numel, engine.layout
     if not (engine.fuse_worker_pass and engine.kernels.fuses_worker_pass(plan, engine.numel)):
         return None
     bounds = segment_bounds(layout.worker_runs)
@@ -446,15 +411,15 @@ class _Fused:
     def __init__(self, engine, stretches: list[list[_Stretch]], plan) -> None:
         n, group, chunk = engine.world_size, engine.group, engine.chunk_numel
         self.peers = [dist.get_global_rank(group, i) if group is not None else i for i in range(n)]
-        self.wire = engine._wire_dtype is not None
+        self.wire = engine.wire_dtype is not None
 
         def wire_like(tensor: torch.Tensor) -> torch.Tensor:
-            return torch.empty_like(tensor, dtype=engine._wire_dtype) if self.wire else tensor
+            return torch.empty_like(tensor, dtype=engine.wire_dtype) if self.wire else tensor
 
-        self.scales_in = wire_like(engine._recv_scales.view(n, engine._local_segments))
-        self.scales_out = wire_like(engine._worker_scales[0])
-        self.server_scales_in = wire_like(engine._all_server_scales)
-        self.server_scales_out = wire_like(engine._server_scales)
+        self.scales_in = wire_like(engine.recv_scales.view(n, engine.local_segments))
+        self.scales_out = wire_like(engine.worker_scales[0])
+        self.server_scales_in = wire_like(engine.all_server_scales)
+        self.server_scales_out = wire_like(engine.server_scales)
         runs = engine.layout.chunk_runs
         self.server_stretches = [server_stretches(stretches[j], runs[j], j * chunk, chunk) for j in range(n)]
         # phase 1 tags its messages 0 … 2·pieces − 1 (signs, scales per stretch); phase 2 from here on

@@ -22,8 +22,8 @@ each block's sums are kept apart and added per tensor in block order, so the bit
 number of threads: a run resumed with another thread count repeats the uninterrupted one. 1-bit LAMB's
 warmup takes this same step (`OnebitLamb._eager_warmup_group`), so it stays LAMB's bit for bit.
 
-Used for CPU fp32 tensors of one memory order per tensor (`base.flat_views`) where numba imports (the
-compressed allreduce's kernels, :mod:`pretrain.comm.kernels`); elsewhere the callers take the foreach path.
+Used for CPU fp32 tensors of one memory order per tensor (`base.flat_views`) where numba imports
+(:mod:`pretrain.comm.numba_support`); elsewhere the callers take the foreach path.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pretrain.comm.numba_support import numba_unavailable_reason
 from pretrain.optim import functional as F
 from pretrain.optim.base import flat_views
 from pretrain.optim.blocks import Blocks
@@ -73,9 +74,7 @@ def span_sums(
 @functools.cache
 def _loops() -> Any:
     """(direction, apply) compiled on first use; None where numba cannot be used."""
-    from pretrain.comm import kernels
-
-    if kernels.numba_unavailable_reason() is not None:
+    if numba_unavailable_reason() is not None:
         return None
     import numba
 

@@ -14,9 +14,9 @@ than m·(1/(√v+ε))). Every loop here runs over the blocks of `pretrain.optim.
 (one per rank in the multi-rank runs; the norms' block sums added in block order, so the bits do not depend
 on the thread count). Virtual workers and real ranks run this same code after the exchange, so they stay equal
 bit for bit, and a resumed run repeats an uninterrupted one. Used on CPU for fp32 tensors laid out alike
-(row-major, or all three column-major) when numba imports (the compressed allreduce's kernels,
-:mod:`pretrain.comm.kernels`); otherwise, and on accelerators, the torch path (the compiled path,
-``optim.compile``, is separate: :mod:`pretrain.optim.compiled`).
+(row-major, or all three column-major) when numba imports (:mod:`pretrain.comm.numba_support`); otherwise,
+and on accelerators, the torch path (the compiled path, ``optim.compile``, is separate:
+:mod:`pretrain.optim.compiled`).
 
 Around the exchange (preconditioned, issue #15), two more passes fold into these loops:
 
@@ -26,7 +26,7 @@ Around the exchange (preconditioned, issue #15), two more passes fold into these
   on x86 (the LLVM intrinsic ``llvm.fma``), so the bits are the torch path's there; virtual workers take
   the same loop, so real ranks and virtual workers agree bit for bit wherever it runs;
 - with one torch thread and nothing exchanged transposed, `momentum_source` hands that loop's arithmetic to
-  the compressed allreduce instead (:class:`~pretrain.comm.kernels.MomentumSource`): its first pass forms x
+  the compressed allreduce instead (:class:`~pretrain.comm.plan.MomentumSource`): its first pass forms x
   while it adds x into the error buffer, so x is never stored (the same bits); without an exchange,
   `local_momentum_` forms β1·m + (1−β1)·s·g in one loop;
 - after it, the exchange's average ū (in units of u) need not be multiplied back by √v+ε in a pass of its
@@ -43,7 +43,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pretrain.comm.kernels import MomentumSource
+from pretrain.comm.numba_support import numba_unavailable_reason
+from pretrain.comm.plan import MomentumSource
 from pretrain.optim.base import Workspace, flat_views
 from pretrain.optim.blocks import Blocks, run_shared, shares
 from pretrain.optim.lamb_loops import SPAN, span_sums
@@ -53,9 +54,7 @@ from pretrain.optim.marginals import add_square_marginals
 @functools.cache
 def _numba_loops() -> Any:
     """(norms, apply) numba loops compiled on first use; None where numba cannot be used."""
-    from pretrain.comm import kernels
-
-    if kernels.numba_unavailable_reason() is not None:
+    if numba_unavailable_reason() is not None:
         return None
     import numba
 
@@ -142,13 +141,12 @@ MARGINAL_BLOCK = 1 << 13  # elements per block of `local_momentum_`'s loop with 
 @functools.cache
 def _numba_momentum() -> Any:
     """The `preconditioned_momentum_` loop compiled on first use; None where numba cannot be used."""
-    from pretrain.comm import kernels
-
-    if kernels.numba_unavailable_reason() is not None:
+    if numba_unavailable_reason() is not None:
         return None
     import numba
 
-    fma = kernels.fma_intrinsic()
+    from pretrain.comm.numba_helpers import fma
+    from pretrain.optim.numba_loops import square_marginal_rows as rows_of
 
     @numba.njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
     def momentum_(out, exp_avg, grad, denominator, beta1, weight, scale):
@@ -161,8 +159,6 @@ def _numba_momentum() -> Any:
         # m ← β1·m + weight·(s·g)
         for i in range(exp_avg.shape[0]):
             exp_avg[i] = fma(weight, grad[i] * scale, beta1 * exp_avg[i])
-
-    rows_of = kernels._numba_functions()["square_marginal_rows"]
 
     @numba.njit(cache=True, boundscheck=False, nogil=True)
     def plain_momentum_marginals_(exp_avg, grad, beta1, weight, scale, inner, outer, inner_sums, scratch):
@@ -269,7 +265,8 @@ def momentum_source(
     marginals: list[tuple[Tensor, Tensor] | None] | None = None,
 ) -> MomentumSource | None:
     """The local momenta (β1·m + (1−β1)·(s·g))/d of `preconditioned_momentum_`, not formed but handed to
-    the compressed allreduce (:class:`~pretrain.comm.kernels.MomentumSource`), which forms them inside
+    the compressed allreduce (:class:`~pretrain.comm.plan.MomentumSource`, with the loops of
+    :mod:`pretrain.optim.numba_loops`), which forms them inside
     its first pass over ``buffer``. `exp_avgs` are views of ``buffer``, each over one stretch of it in
     memory order. None where the numba loops cannot be used (as `preconditioned_momentum_`), for the
     caller to form them itself. ``marginals`` (per tensor, None or a matrix's (row sums, column sums), as
@@ -306,7 +303,10 @@ def momentum_source(
                 matrix = grad.view(outer.numel(), inner.numel())
                 add_square_marginals(matrix, outer, inner, Workspace(), grad_scale)
 
+    from pretrain.optim import numba_loops  # imports numba (usable: `_numba_momentum` above)
+
     return MomentumSource(
+        loops=numba_loops,
         offsets=tuple(offsets),
         exp_avgs=exp_avg_flats,
         grads=grad_flats,

@@ -1,9 +1,9 @@
 """Row and column sums of a gradient's squares: what 1-bit LAMB's ``refresh_from=factored``/``rank1`` adds
 up every compression step (:meth:`OnebitLamb._accumulate_marginals`), for every weight matrix.
 
-On CPU with numba (the compressed allreduce's kernels, :mod:`pretrain.comm.kernels`) one loop reads the
+On CPU with numba (:mod:`pretrain.optim.numba_loops`) one loop reads the
 matrix once: each row's squares summed in fp32 (vectorised: ``reassoc`` on this loop, an order fixed by the
-compiled code), the columns' in an fp32 row of length C (in cache) over `kernels.MARGINAL_FLUSH` rows at a
+compiled code), the columns' in an fp32 row of length C (in cache) over `numba_loops.MARGINAL_FLUSH` rows at a
 time, each such block added into float64 column sums, rounded to fp32 once per call; within a few units in
 the last place of the rounded float64 sums (tested; float64 throughout cost 0.24–0.29 ns per element of the
 fused worker pass, this 0.16: issue #15). The torch path (elsewhere, or without numba) squares blocks of rows
@@ -22,21 +22,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pretrain.comm.numba_support import numba_unavailable_reason
 from pretrain.optim.base import CPU_CHUNK_NUMEL, Workspace
 
 
 @functools.cache
 def _numba_marginals() -> Any:
     """The numba loop, compiled on first use; None where numba cannot be used (the torch path then). Its
-    rows go through `kernels`' ``square_marginal_rows``, which the compressed allreduce's fused worker pass
-    runs too (`pretrain.comm.kernels.MomentumSource`): the same sums, bit for bit, either way."""
-    from pretrain.comm import kernels
-
-    if kernels.numba_unavailable_reason() is not None:
+    rows go through `numba_loops.square_marginal_rows`, which the compressed allreduce's fused worker pass
+    runs too (`pretrain.comm.plan.MomentumSource`): the same sums, bit for bit, either way."""
+    if numba_unavailable_reason() is not None:
         return None
     import numba
 
-    rows_of = kernels._numba_functions()["square_marginal_rows"]
+    from pretrain.optim.numba_loops import square_marginal_rows as rows_of
 
     @numba.njit(cache=True, boundscheck=False, nogil=True)
     def add_square_marginals(flat, rows, cols, row_sums, col_sums, scale, scratch):

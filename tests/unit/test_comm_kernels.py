@@ -12,11 +12,13 @@ import torch
 
 from pretrain.comm import compiled_kernels as compiled_kernels_module
 from pretrain.comm import kernels as kernels_module
+from pretrain.comm import numba_support
 from pretrain.comm.compiled_kernels import CompiledKernels, SegmentMap
-from pretrain.comm.compressed_allreduce import SignScale, _RunPlan
 from pretrain.comm.kernels import NumbaKernels, TorchKernels, describe_kernels, get_kernels
 from pretrain.comm.layout import Run
+from pretrain.comm.numba_support import SUM_BLOCK
 from pretrain.comm.packing import TorchSignPacker
+from pretrain.comm.plan import RunPlan, SignScale
 
 # Runs that tile 1,000 elements: rows aligned and not to bytes, one-element segments (exact vectors),
 # a row split by nothing in particular, and a long single run that ends the buffer.
@@ -32,7 +34,7 @@ def _values(seed: int, numel: int = NUMEL) -> torch.Tensor:
     return values
 
 
-def _scales(plan: _RunPlan, seed: int, rows: int | None = None) -> torch.Tensor:
+def _scales(plan: RunPlan, seed: int, rows: int | None = None) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     shape = (plan.num_segments,) if rows is None else (rows, plan.num_segments)
     return torch.rand(shape, generator=generator) + 0.1
@@ -48,7 +50,7 @@ def _pair(fused: str) -> tuple[TorchKernels, NumbaKernels | CompiledKernels]:
 @pytest.mark.parametrize("fused", FUSED)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_compress_packs_and_feeds_back_the_error_like_torch(layout, fused):
-    plan = _RunPlan(LAYOUTS[layout], SignScale.rms, torch.device("cpu"))
+    plan = RunPlan(LAYOUTS[layout], SignScale.rms, torch.device("cpu"))
     scales = _scales(plan, 1)
     results = []
     for implementation in _pair(fused):
@@ -69,9 +71,9 @@ def test_compress_packs_and_feeds_back_the_error_like_torch(layout, fused):
 def test_the_worker_step_adds_and_takes_the_scales_like_torch(layout, sign_scale, fused):
     """`add_scales_` (y = x + e and the scales of y; numba fuses the two for mean_abs) equals the reference's
     addition and `plan.scales`, bit for bit; "long": segments of several of the norms' sum blocks."""
-    numel = NUMEL if layout != "long" else 3 * kernels_module.SUM_BLOCK + 40
-    runs = LAYOUTS.get(layout) or [Run(0, 1, 5), Run(5, 2, kernels_module.SUM_BLOCK + 3), Run(8203, 1, 4125)]
-    plan = _RunPlan(runs, sign_scale, torch.device("cpu"))
+    numel = NUMEL if layout != "long" else 3 * SUM_BLOCK + 40
+    runs = LAYOUTS.get(layout) or [Run(0, 1, 5), Run(5, 2, SUM_BLOCK + 3), Run(8203, 1, 4125)]
+    plan = RunPlan(runs, sign_scale, torch.device("cpu"))
     assert plan.tiles(numel)
     results = []
     for implementation in _pair(fused):
@@ -89,7 +91,7 @@ def test_the_worker_step_adds_and_takes_the_scales_like_torch(layout, sign_scale
 def test_the_fused_worker_step_stays_in_place_where_runs_do_not_tile():
     """A plan that leaves elements out (or does not start at 0) takes the unfused path: every element of
     the error is still added to, none is skipped."""
-    plan = _RunPlan([Run(8, 2, 16)], SignScale.mean_abs, torch.device("cpu"))
+    plan = RunPlan([Run(8, 2, 16)], SignScale.mean_abs, torch.device("cpu"))
     assert not plan.tiles(40)
     error, values = torch.zeros(40), torch.arange(40.0)
     NumbaKernels().add_scales_(error, values, plan, torch.empty(2))
@@ -105,7 +107,7 @@ def test_the_compress_pass_is_vectorised():
 
     numel = 1 << 22
     numba_kernels = NumbaKernels()
-    plan = _RunPlan([Run(0, numel // 1024, 1024)], SignScale.mean_abs, torch.device("cpu"))
+    plan = RunPlan([Run(0, numel // 1024, 1024)], SignScale.mean_abs, torch.device("cpu"))
     scales = _scales(plan, 3)
     values = torch.randn(numel, generator=torch.Generator().manual_seed(3))
     packed, out = torch.empty(numel // 8, dtype=torch.uint8), torch.empty(numel)
@@ -129,7 +131,7 @@ def test_the_compress_pass_is_vectorised():
 @pytest.mark.parametrize("sources", [2, 3, 4])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_accumulate_averages_the_sources_in_worker_order_like_torch(layout, sources, fused):
-    plan = _RunPlan(LAYOUTS[layout], SignScale.mean_abs, torch.device("cpu"))
+    plan = RunPlan(LAYOUTS[layout], SignScale.mean_abs, torch.device("cpu"))
     packer = TorchSignPacker()
     signs = torch.stack([packer.pack(_values(10 + source)) for source in range(sources)])
     scales = _scales(plan, 2, rows=sources)
@@ -145,7 +147,7 @@ def test_accumulate_averages_the_sources_in_worker_order_like_torch(layout, sour
 @pytest.mark.parametrize("fused", FUSED)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_decode_like_torch(layout, fused):
-    plan = _RunPlan(LAYOUTS[layout], SignScale.rms, torch.device("cpu"))
+    plan = RunPlan(LAYOUTS[layout], SignScale.rms, torch.device("cpu"))
     packed = TorchSignPacker().pack(_values(4))
     scales = _scales(plan, 5)
     decoded = []
@@ -163,9 +165,9 @@ def test_decode_chunks_like_torch(fused):
     """n chunks with their own plans, scales at their offsets (the compiled kernels decode all chunks in one
     call, through one map of the whole buffer)."""
     chunk_plans = [
-        _RunPlan([Run(0, 1, 200)], SignScale.rms, torch.device("cpu")),
-        _RunPlan([Run(0, 4, 24), Run(96, 13, 1), Run(109, 1, 91)], SignScale.rms, torch.device("cpu")),
-        _RunPlan([Run(0, 25, 8)], SignScale.rms, torch.device("cpu")),
+        RunPlan([Run(0, 1, 200)], SignScale.rms, torch.device("cpu")),
+        RunPlan([Run(0, 4, 24), Run(96, 13, 1), Run(109, 1, 91)], SignScale.rms, torch.device("cpu")),
+        RunPlan([Run(0, 25, 8)], SignScale.rms, torch.device("cpu")),
     ]
     offsets = [0, 1, 1 + chunk_plans[1].num_segments]
     scales = torch.rand(offsets[-1] + chunk_plans[2].num_segments, generator=torch.Generator().manual_seed(6))
@@ -185,7 +187,7 @@ def test_the_segment_map_gives_every_element_its_segment():
     one-element segments, a long run: starts inside bytes and several per byte)."""
     from pretrain.comm.compiled_kernels import _plan_runs, _segments
 
-    plan = _RunPlan(RUNS, SignScale.rms, torch.device("cpu"))
+    plan = RunPlan(RUNS, SignScale.rms, torch.device("cpu"))
     segment_map = SegmentMap.of_runs(_plan_runs(plan), NUMEL, torch.device("cpu"))
     expected = torch.cat(
         [
@@ -207,7 +209,7 @@ def test_the_compiled_kernels_on_cuda_equal_the_torch_kernels_on_cuda_and_the_cp
     from pretrain.comm.packing import get_packer
 
     cuda = torch.device("cuda")
-    plan = _RunPlan(RUNS, SignScale.mean_abs, cuda)
+    plan = RunPlan(RUNS, SignScale.mean_abs, cuda)
     scales, sources = _scales(plan, 7), 3
     signs = torch.stack([TorchSignPacker().pack(_values(30 + source)) for source in range(sources)])
     many_scales = _scales(plan, 8, rows=sources)
@@ -217,7 +219,7 @@ def test_the_compiled_kernels_on_cuda_equal_the_torch_kernels_on_cuda_and_the_cp
         (TorchKernels(get_packer(cuda)), cuda),
         (CompiledKernels(cuda), cuda),
     ]:
-        device_plan = _RunPlan(RUNS, SignScale.mean_abs, device)
+        device_plan = RunPlan(RUNS, SignScale.mean_abs, device)
         values, packed = _values(9).to(device), torch.empty(NUMEL // 8, dtype=torch.uint8, device=device)
         implementation.compress_(values, scales.to(device), device_plan, packed, torch.empty_like(values))
         error = _values(10).to(device) * 1e-3
@@ -300,14 +302,14 @@ def test_compiled_kernels_without_a_compiler_are_refused_with_the_reason(monkeyp
 def test_without_numba_the_torch_kernels_are_used(monkeypatch):
     monkeypatch.delenv(kernels_module.KERNELS_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
-    kernels_module._numba_functions.cache_clear()
+    numba_support.check_numba.cache_clear()
     try:
         assert kernels_module.numba_unavailable_reason().startswith("numba is not installed")
         assert get_kernels("cpu", TorchSignPacker()).name == "torch"
         with pytest.raises(ValueError, match="kernels=numba: numba is not installed"):
             get_kernels("cpu", TorchSignPacker(), "numba")
     finally:
-        kernels_module._numba_functions.cache_clear()
+        numba_support.check_numba.cache_clear()
 
 
 def test_a_big_endian_cpu_falls_back_to_torch(monkeypatch):
@@ -323,7 +325,7 @@ def test_a_numba_that_cannot_compile_here_falls_back_too(monkeypatch):
         raise RuntimeError("cannot cache function: no locator available")
 
     monkeypatch.delenv(kernels_module.KERNELS_ENV, raising=False)
-    monkeypatch.setattr(kernels_module, "_numba_functions", unusable)
+    monkeypatch.setattr(numba_support, "check_numba", unusable)
     assert kernels_module.numba_unavailable_reason() == (
         "numba cannot be used here (RuntimeError: cannot cache function: no locator available)"
     )
@@ -357,10 +359,10 @@ def test_the_worker_step_forms_the_momentum_inside_its_pass_like_the_reference(l
         runs, numel = RUNS, NUMEL
         bounds = [(0, 120), (120, 123), (123, 136), (136, 199)]  # the pad: [199, 1000)
     else:
-        block = kernels_module.SUM_BLOCK
+        block = SUM_BLOCK
         runs = [Run(0, 1, 5), Run(5, 2, block + 3), Run(2 * block + 11, 3, 64), Run(2 * block + 203, 1, 29)]
         numel, bounds = 2 * block + 232, [(0, 5), (5, 2 * block + 11), (2 * block + 11, 2 * block + 203)]
-    plan = _RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
+    plan = RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
     assert plan.tiles(numel)
     results = []
     torch_kernels = TorchKernels(TorchSignPacker())  # with a source: forms x into the buffer, then adds
@@ -387,7 +389,7 @@ def test_the_worker_step_forms_the_momentum_inside_its_pass_like_the_reference(l
 
 def test_a_source_tensor_that_cuts_a_segment_is_refused():
     """The sums of a segment split between two tensors would be taken in another order: refused."""
-    plan = _RunPlan([Run(0, 1, 64), Run(64, 1, 64)], SignScale.mean_abs, torch.device("cpu"))
+    plan = RunPlan([Run(0, 1, 64), Run(64, 1, 64)], SignScale.mean_abs, torch.device("cpu"))
     buffer, source = _source_case(plan.runs, [(0, 32), (32, 64)], 128, 1.0)
     with pytest.raises(ValueError, match="inside a segment"):
         NumbaKernels().add_scales_(torch.zeros(128), buffer, plan, torch.empty(2), source=source)
@@ -405,7 +407,7 @@ def test_the_worker_pass_sums_the_square_marginals_as_their_own_loop_does(grad_s
     from pretrain.optim.marginals import add_square_marginals
 
     runs = [Run(0, 6, 40), Run(240, 16, 30), Run(720, 1, 80)]
-    plan = _RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
+    plan = RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
 
     def case():
         generator = torch.Generator().manual_seed(3)
@@ -450,10 +452,10 @@ def _fused_case(with_source: bool):
     three stretches are source tensors (two matrices with square marginals, a vector) and the rest pad."""
     from pretrain.optim.live_step import momentum_source
 
-    long = kernels_module.SUM_BLOCK + 72
+    long = SUM_BLOCK + 72
     runs = [Run(0, 6, 40), Run(240, 16, 30), Run(720, 8, 1), Run(728, 1, long)]
     numel = 728 + long
-    plan = _RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
+    plan = RunPlan(runs, SignScale.mean_abs, torch.device("cpu"))
     generator = torch.Generator().manual_seed(5)
     buffer = torch.randn(numel, generator=generator)
     if not with_source:  # one-element segments: a tie to even, a scale past bfloat16's largest finite one
@@ -534,7 +536,7 @@ def test_a_worker_pass_refuses_stretches_that_cut_a_segment_or_skip_a_byte():
         worker.run(300, 360, packed, 0)  # neither: the signs of 264…269 would be lost
     with pytest.raises(ValueError, match="a multiple of 8, not after"):
         worker.run(270, 300, packed, 4)
-    rms = _RunPlan(plan.runs, SignScale.rms, torch.device("cpu"))
+    rms = RunPlan(plan.runs, SignScale.rms, torch.device("cpu"))
     assert NumbaKernels().worker_pass(torch.zeros(numel), buffer, rms, torch.empty(rms.num_segments)) is None
 
 

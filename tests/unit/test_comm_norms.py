@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pretrain.comm import kernels
 from pretrain.comm import norms as norms_module
 from pretrain.comm.layout import Run, run_table
 from pretrain.comm.norms import BLOCK, abs_row_sums, segment_abs_sums
+from pretrain.comm.numba_support import SUM_BLOCK, numba_unavailable_reason
 
 
 @pytest.fixture(params=["numba", "torch"])
@@ -17,7 +17,7 @@ def implementation(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setattr(norms_module, "_numba_sums", lambda: None)
     else:
-        assert norms_module._numba_sums() is not None, kernels.numba_unavailable_reason()
+        assert norms_module._numba_sums() is not None, numba_unavailable_reason()
     return request.param
 
 
@@ -59,7 +59,7 @@ def test_signs_and_zeros_count_by_magnitude():
 def test_segments_of_a_layout_are_summed_like_their_rows():
     """`segment_abs_sums` over a run table (what the engine calls) gives each segment the sum
     `abs_row_sums` gives its row alone; the numba path is one call for all the runs."""
-    runs = [Run(0, 3, 5), Run(15, 1, 3), Run(18, 4, 1), Run(22, 2, 2 * kernels.SUM_BLOCK + 9)]
+    runs = [Run(0, 3, 5), Run(15, 1, 3), Run(18, 4, 1), Run(22, 2, 2 * SUM_BLOCK + 9)]
     numel = runs[-1].end
     values = torch.randn(numel, generator=torch.Generator().manual_seed(5))
     out = segment_abs_sums(values, run_table(runs), torch.full((10,), float("nan")))

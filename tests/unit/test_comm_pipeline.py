@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pretrain.comm import CompressedAllreduce
-from pretrain.comm.layout import Run
-from pretrain.comm.pipeline import auto_pieces, cut_runs
+from pretrain.comm.layout import Run, cut_runs
+from pretrain.comm.pipeline import auto_pieces
 
 RUNS = [Run(0, 5, 24), Run(120, 1, 3), Run(123, 13, 1), Run(136, 7, 9), Run(199, 1, 801)]
 
@@ -51,3 +52,24 @@ def test_auto_pieces_and_bad_requests():
     assert CompressedAllreduce(1 << 26, virtual_workers=2, pipeline=4).pieces == 1
     with pytest.raises(ValueError, match=r"pipeline must be >= 0 \(0 = off\) or None \(auto\), got -1"):
         CompressedAllreduce(1024, virtual_workers=2, pipeline=-1)
+
+
+def test_the_exchange_calls_its_hook_between_the_phases(monkeypatch):
+    """The hook (`CompressedAllreduce(hook=...)`) is called once per call, after the workers' signs are
+    exchanged; the fault injection of the reliability tests sets it for every engine (`pretrain.faults`)."""
+    points: list[str] = []
+    engine = CompressedAllreduce(64, virtual_workers=2, hook=points.append)
+    engine(torch.randn(2, 64), torch.empty(64))
+    assert points == ["exchange"]
+
+    from pretrain import faults
+
+    monkeypatch.setattr(CompressedAllreduce, "hook", None)  # restored after the test
+    injector = faults.FaultInjector(faults.parse("usr1@3:exchange"), rank=0, attempt=0)
+    reached: list[tuple[str, int]] = []
+    monkeypatch.setattr(injector, "at", lambda point, step: reached.append((point, step)))
+    injector.step = 3
+    CompressedAllreduce(64, virtual_workers=2)(torch.randn(2, 64), torch.empty(64))
+    assert reached == [("exchange", 3)]
+    faults.FaultInjector(faults.parse("usr1@3:after_step"), rank=0, attempt=0)  # no exchange fault
+    assert CompressedAllreduce.hook is None

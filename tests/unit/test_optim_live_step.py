@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pretrain.comm.kernels import numba_unavailable_reason
+from pretrain.comm.numba_support import numba_unavailable_reason
 from pretrain.optim import functional as F
 from pretrain.optim.live_step import live_trust_ratio_step_, local_momentum_, preconditioned_momentum_
 

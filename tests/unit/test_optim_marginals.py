@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pretrain.comm.kernels import numba_unavailable_reason
+from pretrain.comm.numba_support import numba_unavailable_reason
 from pretrain.optim import marginals
 from pretrain.optim.base import Workspace
 
