@@ -108,6 +108,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 prepare: setup
 	$(PY) -m data.prepare data=$(or $(DATA),sample) $(ARGS)
