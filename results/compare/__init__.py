@@ -3,9 +3,10 @@
     python -m results.compare study=demo runs='[results/runs/demo-lamb,results/runs/demo-onebit_lamb]'
     outputs = run_compare(cfg)          # cfg: results.compare.config.CompareConfig
 
-Outputs in `cfg.output_dir`: report.md, summary.json (the tables' numbers), pretrain_loss.png,
-sample_to_accuracy_<task>.png, bytes.png. Everything is computed before anything is written; each file
-is written to a temporary name and renamed. Bad input raises `CompareError` (one line).
+Outputs in `cfg.output_dir`: report.md, summary.json (the tables' numbers), pretrain_loss.png (the main
+comparison), pretrain_loss_ablations.png, sample_to_accuracy_<task>.png, bytes.png, diagnostics_*.png.
+Everything is computed before anything is written; each file is written to a temporary name and renamed.
+Bad input raises `CompareError` (one line).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def build(runs: list[Run], cfg: Any, invocation: str) -> dict[str, bytes]:
 
     matplotlib.use("Agg")
     from results.compare.analysis import summarize
-    from results.compare.plots import figures
+    from results.compare.plots import figure_key, figures
     from results.compare.report import render
 
     summary = summarize(
@@ -52,7 +53,9 @@ def build(runs: list[Run], cfg: Any, invocation: str) -> dict[str, bytes]:
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=120)
         outputs[name] = buffer.getvalue()
-    report = render(summary, study=cfg.study, invocation=invocation, figures=list(outputs))
+    report = render(
+        summary, study=cfg.study, invocation=invocation, figures=list(outputs), figure_key=figure_key(runs)
+    )
     payload = {"study": cfg.study, "invocation": invocation, "figures": list(outputs), **summary}
     outputs["summary.json"] = (json.dumps(_finite(payload), indent=1, allow_nan=False) + "\n").encode()
     outputs["report.md"] = report.encode()

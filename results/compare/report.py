@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from results.compare.analysis import FINAL_LOSS_TARGET_PCT
@@ -64,7 +65,15 @@ def _tasks(summary: dict[str, Any]) -> list[tuple[str, str, Any]]:
     return [(task, found[task], score_formatter(scores[task])) for task in sorted(found)]
 
 
-def render(summary: dict[str, Any], *, study: str, invocation: str, figures: list[str]) -> str:
+def render(
+    summary: dict[str, Any],
+    *,
+    study: str,
+    invocation: str,
+    figures: list[str],
+    figure_key: Sequence[tuple[str, str]] = (),
+) -> str:
+    """The report; `figure_key`: (short name or code in the figures, the arm's full name in the tables)."""
     tasks = _tasks(summary)
     target = summary["target_loss"]
     parts = [
@@ -136,12 +145,27 @@ def render(summary: dict[str, Any], *, study: str, invocation: str, figures: lis
             "steps; the first record with onebit_stage = 1 when the config is unknown); dotted: phase ends.",
             "",
         ]
+        if figure_key:
+            parts += _figure_key(figure_key)
     notes = [f"- {r['name']}: {r['config_note']}" for r in summary["runs"] if r["config_note"]]
     notes += [f"- {r['name']}: {note}" for r in summary["runs"] for note in r.get("finetune_notes", [])]
     notes += [f"- {g['label']}: {note}" for g in summary["groups"] for note in g["notes"]]
     if notes:
         parts += ["## Notes", "", *notes, ""]
     return "\n".join(parts)
+
+
+def _figure_key(key: Sequence[tuple[str, str]]) -> list[str]:
+    return [
+        "Names in the figures: the main comparison (LAMB, 1-bit LAMB's shipped default, DeepSpeed's "
+        "1-bit LAMB, AdamW) by short name, every other arm by a code (its figures: "
+        "`pretrain_loss_ablations.png`, each ablation against the main arms at its workers, and the "
+        "`*_ablations.png` diagnostics); then the workers (`n2`: 2 processes, `sim32`: 32 workers, some "
+        "simulated) and, where the study has several, the global batch and the model.",
+        "",
+        table(["in the figures", "arm (as in the tables)"], [[short, f"`{full}`"] for short, full in key]),
+        "",
+    ]
 
 
 def _run_table(summary: dict[str, Any], tasks: list[tuple[str, str, Any]]) -> str:
