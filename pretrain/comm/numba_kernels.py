@@ -75,12 +75,14 @@ class NumbaKernels(CompressionKernels):
         """`add_segment_abs_sums` with x formed from ``source`` tensor by tensor (one loop of its
         ``loops`` each), the rest of the buffer from ``values``."""
         assert source.loops is not None
-        tensors, rest = self._source_tables(plan, source)
         fused = source.loops.add_momentum_abs_sums
         beta1, weight = np.float32(source.beta1), np.float32(1.0 - source.beta1)  # fp32, as torch rounds them
         scale = np.float32(source.grad_scale)
-        marginals = source.marginals or [None] * len(tensors)
-        for k, (low, high, table) in enumerate(tensors):
+        marginals = source.marginals or [None] * len(source.grads)
+        for k, low, high, table in self._source_tables(plan, source):
+            if k < 0:
+                self._loops.add_segment_abs_sums(error[low:high], values[low:high], table, out)
+                continue
             sums = marginals[k]
             outer, inner = (self._no_sums, self._no_sums) if sums is None else (s.numpy() for s in sums)
             if inner.shape[0] > self._partials.shape[0]:
@@ -100,8 +102,6 @@ class NumbaKernels(CompressionKernels):
                 inner,
                 self._partials[: inner.shape[0]],
             )
-        for low, high, table in rest:
-            self._loops.add_segment_abs_sums(error[low:high], values[low:high], table, out)
 
     def worker_pass(
         self,
@@ -141,18 +141,13 @@ class NumbaKernels(CompressionKernels):
             tables[("starts",)] = segment_bounds(plan.runs)
         return tables[("starts",)]
 
-    def _pass_parts(
+    def _parts(
         self, plan: RunPlan, source: MomentumSource | None, low: int, high: int
-    ) -> list[tuple[int, int, np.ndarray]]:
-        """(tensor index or −1 for `values`, the part's end, its runs: absolute starts and segment indices)
-        for the parts of elements [low, high) that one `worker_pass` call each takes (the source's tensors
-        and the stretches between them), once per plan, source layout and stretch. Raises ValueError where
-        a bound would cut a segment."""
-        key = ("pass", low, high) if source is None else ("pass", low, high, source.offsets, source.lengths)
-        tables = self._tables.setdefault(plan, {})
-        if key in tables:
-            return tables[key]
-        starts = self._segment_starts(plan)
+    ) -> list[tuple[int, int, int, np.ndarray]]:
+        """(k, begin, end, runs) for the parts of elements [low, high) in order: source tensor k's elements
+        there, or k = −1 for the stretches between them (the buffer's own values); runs: the part's run
+        table, starts relative to ``begin``, segment indices the plan's. Raises ValueError where a bound would
+        cut a segment (a segment's sum must come from one loop) or the tensors overlap."""
         bounds = [(low, high, -1)]
         if source is not None:
             bounds, position = [], low
@@ -168,6 +163,7 @@ class NumbaKernels(CompressionKernels):
                 position = end
             if position < high:
                 bounds.append((position, high, -1))
+        starts = self._segment_starts(plan)
         parts = []
         for begin, end, k in bounds:
             for bound in (begin, end):
@@ -176,11 +172,24 @@ class NumbaKernels(CompressionKernels):
                     raise ValueError(f"element {bound} is inside a segment of the plan")
             runs, first = cut_runs(plan.runs, begin, end)
             rows = run_table(runs)
-            rows[:, 0] += begin
             rows[:, 3] += first
-            parts.append((k, end, rows))
-        tables[key] = parts
+            parts.append((k, begin, end, rows))
         return parts
+
+    def _pass_parts(
+        self, plan: RunPlan, source: MomentumSource | None, low: int, high: int
+    ) -> list[tuple[int, int, np.ndarray]]:
+        """(tensor index or −1 for `values`, the part's end, its runs: absolute starts and segment indices)
+        for the parts of elements [low, high) that one `worker_pass` call each takes (`_parts`), once per
+        plan, source layout and stretch."""
+        key = ("pass", low, high) if source is None else ("pass", low, high, source.offsets, source.lengths)
+        tables = self._tables.setdefault(plan, {})
+        if key not in tables:
+            parts = self._parts(plan, source, low, high)
+            for _, begin, _, rows in parts:
+                rows[:, 0] += begin
+            tables[key] = [(k, end, rows) for k, _, end, rows in parts]
+        return tables[key]
 
     def _blocks_of(self, plan: RunPlan) -> np.ndarray:
         """`sum_blocks` of the plan's runs, computed once per plan."""
@@ -189,43 +198,16 @@ class NumbaKernels(CompressionKernels):
             tables[("blocks",)] = sum_blocks(plan.table)
         return tables[("blocks",)]
 
-    def _source_tables(
-        self, plan: RunPlan, source: MomentumSource
-    ) -> tuple[list[tuple[int, int, np.ndarray]], list[tuple[int, int, np.ndarray]]]:
-        """(low, high, `sum_blocks` relative to low with absolute segment indices) per source tensor, and
-        for the stretches between them (the pad); computed once per plan and source layout. Raises ValueError
-        where a tensor would cut a segment (the sums would differ)."""
-        lengths = source.lengths
-        key = (source.offsets, lengths)
-        cached = self._tables.setdefault(plan, {}).get(key)
-        if cached is not None:
-            return cached
-
-        def table(low: int, high: int) -> tuple[int, int, np.ndarray]:
-            runs, first = cut_runs(plan.runs, low, high)
-            if sum(run.numel for run in runs) != high - low:
-                raise ValueError(f"elements [{low}, {high}) are not tiled by the plan's runs")
-            rows = run_table(runs)
-            rows[:, 3] += first
-            return low, high, sum_blocks(rows)
-
-        bounds = sorted(zip(source.offsets, (o + n for o, n in zip(source.offsets, lengths))))
-        if list(bounds) != [(o, o + n) for o, n in zip(source.offsets, lengths)]:
-            raise ValueError("the source's tensors must come in buffer order")
-        tensors = [table(low, high) for low, high in bounds]
-        gaps, position = [], 0
-        for low, high in [*bounds, (plan.runs[-1].end, plan.runs[-1].end)]:
-            if low < position:
-                raise ValueError("the source's tensors overlap")
-            if low > position:
-                gaps.append(table(position, low))
-            position = high
-        blocks = [rows for _, _, rows in tensors + gaps]
-        segments = sum(int(np.maximum(rows[:, 3], rows[:, 4]).sum()) for rows in blocks)  # each ends once
-        if segments != plan.num_segments:  # a tensor boundary inside a segment would split it
-            raise ValueError("a source tensor starts or ends inside a segment of the plan")
-        self._tables[plan][key] = (tensors, gaps)
-        return tensors, gaps
+    def _source_tables(self, plan: RunPlan, source: MomentumSource) -> list[tuple[int, int, int, np.ndarray]]:
+        """(k, low, high, `sum_blocks` relative to low with the plan's segment indices) for the source's
+        tensors (k) and the stretches between them (k = −1: the pad), over the whole buffer (`_parts`);
+        computed once per plan and source layout."""
+        key = (source.offsets, source.lengths)
+        tables = self._tables.setdefault(plan, {})
+        if key not in tables:
+            parts = self._parts(plan, source, 0, plan.runs[-1].end)
+            tables[key] = [(k, low, high, sum_blocks(rows)) for k, low, high, rows in parts]
+        return tables[key]
 
     def compress_(
         self,
