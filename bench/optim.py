@@ -47,6 +47,7 @@ from pretrain.optim import Lamb, OnebitLamb, lamb_loops, marginals, mark_gradien
 from pretrain.optim import compiled as compiled_module
 from pretrain.optim import functional as F
 from pretrain.optim.base import Workspace, global_grad_norm
+from pretrain.optim.config import ONEBIT_LAMB_ALGORITHM
 
 PEER_ADAMW = "torch.optim.AdamW(fused=True)"
 PEER_TORCH_OPTIMIZER = "torch_optimizer.Lamb"
@@ -119,12 +120,9 @@ def _torch_optimizer_note() -> str | None:
     return None
 
 
-# the project's default exchange and trust ratio (conf/optim/onebit_lamb.yaml)
-DEFAULT_ONEBIT = dict(
-    compression="per_column", precondition=True, sign_scale="mean_abs", trust_ratio="live",
-    exact_vectors=True, scale_dtype="bfloat16", warmup="nvlamb", live_vector_variance=True,
-    variance_refresh=64, refresh_from="rank1",
-)  # fmt: skip  # conf/optim/onebit_lamb.yaml's (the refresh: its 63 of 64 steps that add the marginals)
+# optim=onebit_lamb's algorithm (pretrain/optim/config.py), with its variance refresh (the 63 of 64 steps that
+# add the marginals)
+DEFAULT_ONEBIT = {**ONEBIT_LAMB_ALGORITHM, "variance_refresh": 64}
 
 
 def _onebit_in_compression(groups: list[dict], **options: Any) -> OnebitLamb:

@@ -17,10 +17,9 @@ transform, its LayerNorm and the decoder bias), pooler + NSP head. Per family F,
   layer-wise trust-ratio rule applied to this step's momentum and variance (as stored, without bias
   correction) and the weights the step started from: Δ = η·r·u with u = m/(√v + ε) + λp and
   r = ‖p‖/‖u‖, 1 where a norm is 0; clamped to [min_coeff, max_coeff] for LAMB's `deepspeed` variant (its
-  own rule), capped at max_coeff only for 1-bit LAMB (whose warmup floors r at min_coeff: the floor is
-  what `trust_ratio=live_clamped` keeps and `live` drops). For LAMB itself that is η on every tensor with
-  ‖p‖ > 0; for 1-bit LAMB's compression stage it shows how far the frozen coefficient and factor
-  (Δ = η·c̄·f·u), or the floor, take the step from LAMB's.
+  own rule), capped at max_coeff only for 1-bit LAMB (whose live trust ratio has no floor). For LAMB
+  itself that is η on every tensor with ‖p‖ > 0; for DeepSpeed's 1-bit LAMB's compression stage it shows
+  how far the frozen coefficient and factor (Δ = η·c̄·f·u) take the step from LAMB's.
 - vocabulary rows, by how often the token occurs in the phase's data (counted once over up to
   `MAX_COUNTED_INSTANCES` instances; buckets `BUCKETS`): `diag/vocab_update_rms/B` (RMS of the word-
   embedding rows' update norms), `diag/bias_update_rms/B` (RMS of the decoder bias's update),

@@ -35,7 +35,7 @@ from pretrain.comm.counter import FP32_BYTES, CallTraffic, compressed_call_traff
 from pretrain.comm.kernels import describe_kernels
 from pretrain.config import Precision, TrainConfig, WandbMode, to_object
 
-ONEBIT = ("onebit_lamb", "onebit_adam")
+ONEBIT = ("onebit_lamb", "onebit_lamb_deepspeed", "onebit_adam")
 LARGE_RECIPE_SAMPLES = 1_000_000  # more samples than this on CPU is a cluster recipe run by mistake
 # Set by a launcher (launch/common.sh) in the workers' environment: the world size its pre-flight passed for;
 # the header is printed and the errors are decided already.
@@ -114,7 +114,8 @@ def checkpoint_bytes(cfg: TrainConfig, numel: int, processes: int) -> float:
     """One checkpoint: the weights and the optimizer state every rank holds alike (m, v; 1-bit LAMB's fresh
     v), written once by rank 0, plus each rank's own state (the 1-bit error feedback: a worker error as
     large as the model and a server error for its chunk); the HF export comes on top."""
-    replicated = 8.0 * numel + (4.0 * numel if cfg.optim.name == "onebit_lamb" else 0.0)
+    fresh_variance = cfg.optim.name in ("onebit_lamb", "onebit_lamb_deepspeed")
+    replicated = 8.0 * numel + (4.0 * numel if fresh_variance else 0.0)
     own = 4.0 * numel + 4.0 * numel / max(1, processes) if cfg.optim.name in ONEBIT else 0.0
     return 4.0 * numel + replicated + processes * own
 
@@ -123,24 +124,16 @@ def compression_traffic(
     model: torch.nn.Module, options: dict[str, Any], world_size: int, max_seq_length: int
 ) -> CallTraffic:
     """One compression-stage exchange's bytes per rank for `model`'s parameters with the 1-bit options
-    (`compression`, `exact_vectors`, `vector_block`, `exact_output_bias`, `scale_dtype`), by the counter
+    (`compression`, `exact_vectors`, `scale_dtype`), by the counter
     formulas the byte tests check against the real collectives (also `bench fidelity`'s BERT-Large costs)."""
     from pretrain.comm import padded_numel
     from pretrain.comm.compressed_allreduce import ScaleDtype
     from pretrain.optim.onebit import Compression, ExchangeOptions
     from pretrain.optim.params import param_groups
 
-    exchange = ExchangeOptions(
-        Compression(options["compression"]),
-        bool(options.get("exact_vectors", False)),
-        vector_block=int(options.get("vector_block", 0)),
-    )
+    exchange = ExchangeOptions(Compression(options["compression"]), bool(options.get("exact_vectors", False)))
     groups = param_groups(
-        model,
-        0.01,
-        max_seq_length=max_seq_length,
-        row_scales=exchange.compression.row_scales,
-        exact_output_bias=bool(options.get("exact_output_bias", False)),
+        model, 0.01, max_seq_length=max_seq_length, row_scales=exchange.compression.row_scales
     )
     params = [p for group in groups for p in group["params"]]
     row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
@@ -151,31 +144,16 @@ def compression_traffic(
     return compressed_call_traffic(padded, world_size, segments=segments, scale_bytes=scale_bytes)
 
 
-def refresh_traffic(
-    model: torch.nn.Module,
-    source: str,
-    every: int,
-    world_size: int,
-    block: int = 128,
-    max_seq_length: int = 128,
-) -> float:
-    """1-bit LAMB's `variance_refresh` (every `every` compression steps, `refresh_from=source`): the exact
-    allreduce it adds on top of the exchange (`TrafficCounter.record_exact`'s ring cost), per rank,
-    averaged over the K steps. `exact` (a full fp32 gradient allreduce in place of an exchange): 0 here."""
-    from pretrain.comm import padded_numel
+def refresh_traffic(model: torch.nn.Module, every: int, world_size: int, max_seq_length: int = 128) -> float:
+    """1-bit LAMB's `variance_refresh` (every `every` compression steps): the exact fp32 allreduce of the
+    decayed matrices' row and column sums it adds on top of the exchange (`TrafficCounter.record_exact`'s
+    ring cost), per rank, averaged over the K steps."""
     from pretrain.optim.params import param_groups
 
     groups = param_groups(model, 0.01, max_seq_length=max_seq_length, row_scales=True)
     decayed = [p for g in groups if g["weight_decay"] != 0.0 for p in g["params"]]
-    if source == "local":  # the whole (padded) momentum buffer in fp32
-        numel = padded_numel(sum(p.numel() for g in groups for p in g["params"]), world_size)
-        return ring_allreduce_bytes(numel, FP32_BYTES, world_size) / every
-    if source in ("rank1", "factored"):  # the decayed matrices' row and column sums, fp32
-        marginals = sum(sum(p.shape) for p in decayed if p.dim() == 2)
-        return ring_allreduce_bytes(marginals, FP32_BYTES, world_size) / every
-    if source == "blocks":  # one bfloat16 sum per block of the decayed tensors
-        return ring_allreduce_bytes(sum(-(-p.numel() // block) for p in decayed), 2, world_size) / every
-    return 0.0
+    marginals = sum(sum(p.shape) for p in decayed if p.dim() == 2)
+    return ring_allreduce_bytes(marginals, FP32_BYTES, world_size) / every
 
 
 def step_traffic(cfg: TrainConfig, model: torch.nn.Module, world: int) -> tuple[float, float | None]:
@@ -190,16 +168,12 @@ def step_traffic(cfg: TrainConfig, model: torch.nn.Module, world: int) -> tuple[
     before = ring_allreduce_bytes(numel, element, world)
     if optim.name not in ONEBIT or world < 2:
         return before, None
-    keys = ("compression", "exact_vectors", "vector_block", "exact_output_bias", "scale_dtype")
-    options = {key: _plain(getattr(optim, key)) for key in keys if hasattr(optim, key)}
+    options = {key: _plain(value) for key, value in optim.exchange_kwargs().items()}
     seq = cfg.batch.phases[0].max_seq_length
     call = compression_traffic(model, options, world, seq)
     refresh = 0.0
     if getattr(optim, "variance_refresh", 0):
-        source = _plain(optim.refresh_from)
-        refresh = refresh_traffic(model, source, optim.variance_refresh, world, optim.refresh_block, seq)
-        if source == "exact":
-            refresh = (before - call.compressed_bytes) / optim.variance_refresh
+        refresh = refresh_traffic(model, optim.variance_refresh, world, seq)
     return before, call.compressed_bytes + refresh
 
 

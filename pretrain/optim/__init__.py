@@ -27,7 +27,14 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from pretrain.optim.adamw import AdamW
-from pretrain.optim.config import AdamWConfig, LambConfig, OnebitAdamConfig, OnebitLambConfig, OptimizerConfig
+from pretrain.optim.config import (
+    AdamWConfig,
+    LambConfig,
+    OnebitAdamConfig,
+    OnebitLambConfig,
+    OnebitLambDeepspeedConfig,
+    OptimizerConfig,
+)
 from pretrain.optim.lamb import Lamb, LambVariant
 from pretrain.optim.onebit import OnebitOptimizer, Stage
 from pretrain.optim.onebit_adam import OnebitAdam
@@ -40,6 +47,7 @@ logger = logging.getLogger(__name__)
 OPTIMIZERS: dict[str, tuple[type[Optimizer], type[OptimizerConfig]]] = {
     "lamb": (Lamb, LambConfig),
     "onebit_lamb": (OnebitLamb, OnebitLambConfig),
+    "onebit_lamb_deepspeed": (OnebitLamb, OnebitLambDeepspeedConfig),
     "adamw": (AdamW, AdamWConfig),
     "onebit_adam": (OnebitAdam, OnebitAdamConfig),
 }
@@ -65,6 +73,7 @@ __all__ = [
     "OnebitAdamConfig",
     "OnebitLamb",
     "OnebitLambConfig",
+    "OnebitLambDeepspeedConfig",
     "OnebitOptimizer",
     "OptimizerConfig",
     "Stage",

@@ -33,8 +33,8 @@ it is deterministic, so a run resumes bitwise on the path it was saved from.
 The warmup stage uses LAMB's compiled kernels (`functional.lamb_tensor_direction_` / `lamb_tensor_apply_`,
 DeepSpeed's clamped variant without bias correction), which also return the trust ratios c̄ averages.
 
-Where it applies: `trust_ratio=live|live_clamped`, `precondition=true`, one worker per process, no
-`local_momentum` (`unsupported_reason`); the config refuses `optim.compile=true` elsewhere. Log steps
+Where it applies: 1-bit LAMB's live trust ratio with the preconditioned exchange, one worker per process
+(`unsupported_reason`): `optim=onebit_lamb`; the config refuses `optim.compile=true` elsewhere. Log steps
 with diagnostics switched on take the eager path (the probes read its intermediate buffers).
 """
 
@@ -90,18 +90,14 @@ def transpose_into_(source: Tensor, out: Tensor) -> None:
     out.copy_(source.t())
 
 
-def unsupported_reason(
-    *, trust_ratio_live: bool, precondition: bool, virtual_workers: int, local_momentum: bool
-) -> str | None:
+def unsupported_reason(*, trust_ratio_live: bool, precondition: bool, virtual_workers: int) -> str | None:
     """Why the compiled compression step cannot run with these options, or None."""
     if not trust_ratio_live:
-        return "needs trust_ratio=live or live_clamped (the frozen c̄·f rule has no compiled step)"
+        return "needs the live trust ratio (the frozen c̄·f rule has no compiled step)"
     if not precondition:
         return "needs precondition=true"
     if virtual_workers > 1:
         return "needs one worker per process (sim_world_size=1)"
-    if local_momentum:
-        return "needs local_momentum=false"
     return None
 
 

@@ -1,69 +1,43 @@
-"""What 1-bit LAMB and 1-bit Adam share: the two stages, fused momentum buffers, overflow agreement and
-rank-local checkpoint state (spec §3, §4, §5).
+"""What 1-bit LAMB and 1-bit Adam share: the two stages, fused momentum buffers, the momentum exchange,
+overflow agreement and rank-local checkpoint state.
 
 Stages, with t the 1-based index of the step being taken and F = freeze_step:
 - warmup, t ≤ F: the trainer allreduces (means) gradients; the subclass runs exact LAMB/Adam.
 - compression, t > F: every rank steps on its OWN gradients; the momentum is exchanged with the 1-bit
   compressed allreduce (`pretrain.comm`); the variance v is frozen at its value after step F.
 `needs_gradient_allreduce` is `step_count < freeze_step`, so it turns False right after step F. There
-is no DeepSpeed-style first-step no-op (§3.3): a fresh optimizer's first `step()` updates, so our F
-warmup updates are DeepSpeed's freeze_step F + 1 (DeepSpeed spends its first batch on the no-op and
-updates at steps 2..F). `freeze_step` may be changed between steps (e.g. per phase): lowered below the
-step count, the next step freezes and compresses; raised above it, warmup resumes and freezes again at
-the new value (v_f ← v, κ recomputed, factor and error feedback restarted).
+is no DeepSpeed-style first-step no-op: a fresh optimizer's first `step()` updates, so our F warmup
+updates are DeepSpeed's freeze_step F + 1. `freeze_step` may be changed between steps (e.g. per phase):
+lowered below the step count, the next step freezes and compresses; raised above it, warmup resumes and
+freezes again at the new value (v_f ← v, κ recomputed, factor and error feedback restarted).
 
 Momentum storage: `state[p]["exp_avg"]` is a view into a flat fp32 buffer (one per `_segments()` entry:
 all tensors for 1-bit LAMB, one per group for 1-bit Adam), padded with `padded_numel`; the pad takes
 part in the compressed allreduce and is kept (and checkpointed), as DeepSpeed does.
 
 Every parameter takes part in every step: a missing gradient counts as zero, so state, step counters
-and the flat buffer always cover all parameters (DeepSpeed fails or desynchronizes there, §3.7).
+and the flat buffer always cover all parameters (DeepSpeed fails or desynchronizes there).
 
-Compression (`compression`, see `Compression`): `deepspeed` is DeepSpeed's exchange exactly (one scale
-per rank's whole buffer, κ to equalise tensors). `per_tensor` gives every tensor its own scales, and
-`per_row` also every row of the tensors in groups flagged `row_scales` (the embeddings: see
-`pretrain.optim.params.param_groups`), so a frequent token's row no longer shares its scale with
-rows that saw no gradient, and one tensor's error cannot inflate another's scale; κ is not needed
-there (the quantizer is positively homogeneous per segment). `per_column` also gives every input
-column of the other matrices its own scale, and a column is a row of the exchange layout (the
-compressor's error buffers live in that layout). The trainer stores those matrices column-major
-(`pretrain.model.column_major_linear_weights_`): their momentum views are then the exchange layout itself
-and nothing moves. A row-major matrix (an optimizer over some other model) is exchanged transposed:
-copied into the exchange layout before the compressed allreduce and back after it. A hidden-state
-outlier dimension feeds one column of every matrix that reads it, with gradients (and, preconditioned,
-steps) far larger than the other columns': with one scale per tensor its error feedback piles up there
-(results/cpu-study/).
-BERT-Large: 256K scales, 15.62× less than fp16 (`results/bench/fidelity.json`). It is the default of
-`optim=onebit_lamb` (with `precondition`): final MLM loss / LAMB's 1.011 at 2 ranks and 1.009 at 32
-simulated, against 1.013 / 1.012 with `per_row`, and 1.007 / 1.008 with the exact vectors below
-(results/cpu-study/README.md).
-`exact_vectors` sends 1-D tensors with one scale per element, i.e. exactly averaged (4 bytes per element
-and phase with fp32 scales, 2 with `scale_dtype=bfloat16`, where the rounding of each scale goes to the
-error feedback like any other compression error); `vector_block=b` gives them one scale per b elements
-instead (4/b bytes per element and phase on top of the sign bit). The biases and LayerNorm weights hold
-elements of very different sizes (a LayerNorm gain next to an outlier dimension's), which one scale per
-tensor cannot deliver; blocks of 16 measured no gain, exact delivery did. With fp32 scales BERT-Large's
-~0.36M such elements cost 15.12× (over the 15.5× budget); with bfloat16 scales 15.55×, so `optim=onebit_lamb`
-sends them exactly with bfloat16 scales (final MLM loss / LAMB's 1.0073 at 2 ranks and 1.0081 at 32
-simulated against 1.0107 / 1.0093 without: results/cpu-study/README.md).
-
-Preconditioned exchange (`precondition=True`): every worker sends m/(√v+ε) instead of m — v the variance
-frozen at freeze_step, so the divisor is the same on every rank and fixed for the whole compression stage —
-and the average is multiplied back by √v+ε. Averaging commutes with the division, so nothing changes but
-where the compression error falls: one sign scale now covers elements of like size in the units of the
-step itself, u = m/(√v+ε), instead of momenta whose sizes differ by orders of magnitude across a matrix's
-columns or rows (the hidden-state outlier dimensions: results/cpu-study/README.md measured one column
-holding up to 66 % of a matrix's error feedback). It costs no bytes; one divisor buffer per rank (N
-floats) and two elementwise passes per step.
-
-Local momenta (`local_momentum=True`): DeepSpeed replaces every worker's momentum by the compressed
-average, so each step's compression error re-enters the momentum (β1·m̂) and is compressed again. Here
-each worker keeps its own momentum m_w = β1·m_w + (1−β1)·g_w (from the synchronized one at the freeze),
-sends m_w (plus its error feedback) and steps on the average m̂, which the next step does not build on:
-the mean of the m_w is exactly the momentum of the averaged gradients, and the error feedback delivers it
-with an error that stays bounded instead of accumulating through the momentum. No extra bytes; one more
-momentum-sized buffer per worker (checkpointed per rank). 1-bit LAMB's frozen coefficient rule needs
-m̂_t − β1·m̂_{t−1} to be a gradient, so it takes `trust_ratio=live` or `live_clamped`.
+The exchange (`ExchangeOptions`): each worker sends its local momentum as sign bits plus scales (two
+phases: to the server of each chunk, back from it) with error feedback on both sides.
+- `compression`: where the scales apply. `deepspeed` is DeepSpeed's exchange exactly: one scale per rank's
+  whole buffer and per server chunk, with κ (per-tensor scaling computed once at the first compression step)
+  to equalise tensors. `per_column` gives every tensor its own scales: one per row of the embeddings (the
+  groups flagged `row_scales`, `pretrain.optim.params.param_groups`) and one per input column of every
+  other matrix, so a hidden-state outlier dimension, which feeds one column of every matrix that reads it,
+  does not set the scale of the others. A column is a row of the exchange layout (the compressor's error
+  buffers live in that layout); the trainer stores those matrices column-major
+  (`pretrain.model.column_major_linear_weights_`), so their momentum views are that layout already, and a
+  row-major matrix is copied into it and back around the exchange.
+- `exact_vectors`: the 1-D tensors (biases, LayerNorm) with one scale per element, i.e. averaged exactly.
+- `scale_dtype`: fp32 scales (DeepSpeed), or bfloat16 rounded where computed (the error feedback takes
+  the rounding) and sent in 2 bytes.
+- `sign_scale`: the scale of a segment's signs: `rms` (DeepSpeed) or `mean_abs` (the least-squares one).
+- `precondition`: every worker sends m/(√v+ε) instead of m (v frozen at freeze_step, so the divisor is the
+  same on every rank) and the average is multiplied back: averaging commutes with the division, so only
+  where the compression error falls changes: one scale covers elements of like size in the units of the
+  step itself. No bytes; one divisor buffer per rank.
+What each choice measured: docs/onebit-lamb.md and results/cpu-study/README.md.
 
 Virtual workers (`virtual_workers=k`, simulated data parallelism, `pretrain.simulated`): this process
 stands for k workers. In warmup the caller averages their gradients into `.grad` as usual; in the
@@ -107,30 +81,24 @@ class Compression(str, enum.Enum):
     """Where the 1-bit exchange's scales apply (module docstring)."""
 
     deepspeed = "deepspeed"  # one per rank's buffer and per server chunk, κ-equalised tensors (parity)
-    per_tensor = "per_tensor"  # one per tensor (cut at server-chunk boundaries)
-    per_row = "per_row"  # per_tensor, and one per row in groups with `row_scales`
-    per_block = "per_block"  # per_row, and the other tensors in blocks of `block_size` elements
-    per_column = "per_column"  # per_row, and one per input column of every other matrix (sent transposed)
+    per_column = "per_column"  # one per tensor, per embedding row and per input column of other matrices
 
     @property
     def row_scales(self) -> bool:
         """Whether the embeddings get one scale per row (`param_groups(row_scales=True)`)."""
-        return self in (Compression.per_row, Compression.per_block, Compression.per_column)
+        return self is Compression.per_column
 
 
 @dataclass(frozen=True)
 class ExchangeOptions:
     """How a momentum segment is exchanged (the optimizers' `compression`, `exact_vectors`,
-    `sign_scale` and `virtual_workers` arguments)."""
+    `sign_scale`, `precondition`, `scale_dtype` and `virtual_workers` arguments)."""
 
     compression: Compression = Compression.deepspeed
     exact_vectors: bool = False
     sign_scale: SignScale = SignScale.rms
     virtual_workers: int = 1
-    block_size: int = 2048  # per_block only
     precondition: bool = False  # exchange m/(√v+ε) with v frozen (module docstring), not m
-    local_momentum: bool = False  # workers keep their own momenta; the average only steps (module docstring)
-    vector_block: int = 0  # > 0: 1-D tensors with one scale per `vector_block` elements (module docstring)
     scale_dtype: ScaleDtype = ScaleDtype.float32  # how the scales travel (`pretrain.comm.ScaleDtype`)
 
     def blocks(self, params: list[Tensor], row_scaled: set[int], pad: int) -> list[Block] | None:
@@ -145,12 +113,8 @@ class ExchangeOptions:
                 blocks.append(Block(p.numel(), 1))
             elif rows and id(p) in row_scaled:  # a 1-D row-scaled tensor: rows of one element (exact)
                 blocks.append(Block(p.numel(), p.shape[-1] if p.dim() >= 2 else 1))
-            elif self.vector_block and p.dim() <= 1 and p.numel() > self.vector_block:
-                blocks += _fixed_blocks(p.numel(), self.vector_block)
             elif columns:  # a row of the exchange layout is one column of the matrix: p.shape[0] elements
                 blocks.append(Block(p.numel(), p.shape[0]))
-            elif self.compression is Compression.per_block and p.numel() > self.block_size:
-                blocks += _fixed_blocks(p.numel(), self.block_size)
             else:
                 blocks.append(Block(p.numel(), p.numel()))
         if pad:
@@ -178,12 +142,6 @@ class ExchangeOptions:
         return [c and p.is_contiguous() for p, c in zip(params, self.column_scaled(params, row_scaled))]
 
 
-def _fixed_blocks(numel: int, size: int) -> list[Block]:
-    """`numel` elements in blocks of `size` with one scale each; a shorter remainder gets its own."""
-    whole = numel // size * size
-    return [Block(whole, size)] + ([Block(numel - whole, numel - whole)] if numel > whole else [])
-
-
 @dataclass
 class MomentumSegment:
     """One flat fp32 buffer holding the momenta of `params` as views, plus its compressor (n > 1)."""
@@ -197,8 +155,6 @@ class MomentumSegment:
     _scaled: Tensor | None = None  # β1·buffer for the virtual workers' local momenta, allocated once
     local: Tensor | None = None  # [k, len(buffer)]: the virtual workers' gradients, then local momenta
     divisors: list[Tensor] | None = None  # `precondition`: √v+ε per tensor (v frozen), built at first use
-    # `local_momentum`: the workers' own momenta ([len] or [k, len]), from the synchronized one at freeze
-    local_momentum: Tensor | None = None
     transposed: list[bool] | None = None  # `per_column`: the tensors exchanged transposed (None: none)
 
     @classmethod
@@ -252,16 +208,8 @@ class MomentumSegment:
         preconditioner (v is frozen anew)."""
         self.pad.zero_()
         self.divisors = None
-        self.local_momentum = None
         if self.compressor is not None:
             self.compressor.reset_errors()
-
-    def worker_momenta(self, workers: int) -> Tensor:
-        """`local_momentum`, started from the synchronized momentum in `buffer` (one row per worker)."""
-        if self.local_momentum is None:
-            shape = (workers, self.buffer.numel()) if workers > 1 else (self.buffer.numel(),)
-            self.local_momentum = self.buffer.expand(shape).clone()
-        return self.local_momentum
 
     def views_of(self, flat: Tensor) -> list[Tensor]:
         """Per-parameter views into another buffer laid out like `buffer` (e.g. a snapshot)."""
@@ -354,8 +302,6 @@ class OnebitOptimizer(OptimizerBase):
         self.freeze_step = freeze_step
         self.group = group
         self.exchange = exchange or ExchangeOptions()
-        if self.exchange.vector_block < 0:
-            raise ValueError(f"vector_block must be >= 0, got {self.exchange.vector_block}")
         if self.exchange.virtual_workers < 1:
             raise ValueError(f"virtual_workers must be >= 1, got {self.exchange.virtual_workers}")
         self.virtual_workers = self.exchange.virtual_workers
@@ -380,14 +326,8 @@ class OnebitOptimizer(OptimizerBase):
 
     @property
     def needs_gradient_allreduce(self) -> bool:
-        """True in warmup (and on a compression-stage step the subclass takes exactly: `_exact_step_next`):
-        mean-allreduce gradients before the next step. False in compression: do NOT."""
-        return self.stage is Stage.warmup or self._exact_step_next()
-
-    def _exact_step_next(self) -> bool:
-        """Whether the next compression-stage step averages gradients exactly instead of exchanging
-        compressed momenta (1-bit LAMB's `variance_refresh`); never here."""
-        return False
+        """True in warmup: mean-allreduce gradients before the next step. False in compression: do NOT."""
+        return self.stage is Stage.warmup
 
     # -- step ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -435,7 +375,7 @@ class OnebitOptimizer(OptimizerBase):
     def uses_worker_gradients(self) -> bool:
         """True when the next `step()` reads the virtual workers' own gradients from
         `worker_gradients()` rather than `.grad` (virtual workers, compression stage)."""
-        return self.virtual_workers > 1 and self.stage is Stage.compression and not self._exact_step_next()
+        return self.virtual_workers > 1 and self.stage is Stage.compression
 
     def worker_gradients(self) -> list[Tensor]:
         """Per segment, the [k, len] buffer whose row w takes virtual worker w's own gradient."""
@@ -543,7 +483,6 @@ class OnebitOptimizer(OptimizerBase):
             # (the momenta, which the checkpoint writes once, in its replicated part)
             "momentum_pads": [segment.pad.clone() for segment in segments],
             "compressors": [segment.compressor.state_dict() for segment in segments if segment.compressor],
-            "local_momenta": [segment.local_momentum for segment in segments],
         }
 
     def _load_extra_state(self, extra: dict[str, Any]) -> None:
@@ -565,20 +504,9 @@ class OnebitOptimizer(OptimizerBase):
         else:
             for segment, pad in zip(segments, extra.get("momentum_pads", [])):
                 segment.pad.copy_(pad)
-            for segment, momenta in zip(segments, extra.get("local_momenta", [])):
-                segment.local_momentum = (
-                    None if momenta is None else momenta.to(segment.buffer.device).clone()
-                )
             compressors = [segment.compressor for segment in segments if segment.compressor]
             for compressor, saved in zip(compressors, extra.get("compressors", [])):
                 compressor.load_state_dict(saved, reset_on_mismatch=True)
-
-    def momentum_views(self, segment: MomentumSegment) -> list[Tensor]:
-        """Where the caller forms this rank's local momentum before `_exchange` (one worker per process):
-        the segment's views, or with `local_momentum` this worker's own momentum."""
-        if not self.exchange.local_momentum:
-            return segment.views
-        return segment.views_of(segment.worker_momenta(1))
 
     def _on_load_warmup(self) -> None:
         """Loaded at step < freeze_step: drop compression-only state (errors and pad start at zero)."""
@@ -586,16 +514,11 @@ class OnebitOptimizer(OptimizerBase):
     def _fused_exchange(self, segment: MomentumSegment, kappas: list[Tensor] | None) -> bool:
         """Whether the passes around a preconditioned exchange may fold into the step's own loops: the
         local momentum formed already divided by √v+ε (`live_step.preconditioned_momentum_`) and, for
-        1-bit LAMB's live step, the average left in units of u. Needs more than one worker, no κ, no
-        `local_momentum` and no diagnostics probe (it reads the momentum before the division)."""
+        1-bit LAMB's live step, the average left in units of u. Needs more than one worker, no κ and no
+        diagnostics probe (it reads the momentum before the division)."""
         probing = self.probe is not None and self.probe.active
-        return (
-            self.exchange.precondition
-            and segment.compressor is not None
-            and kappas is None
-            and not self.exchange.local_momentum
-            and not probing
-        )
+        exchanged = segment.compressor is not None
+        return self.exchange.precondition and exchanged and kappas is None and not probing
 
     def _preconditioned_local_momentum(
         self,
@@ -642,20 +565,17 @@ class OnebitOptimizer(OptimizerBase):
     ) -> None:
         """Replace the segment's local momentum by the compressed average over all workers.
 
-        k == 1: `segment.buffer` holds this rank's local momentum (views updated by the caller), or with
-        `local_momentum` the caller updated `momentum_views(segment)` and it is copied in here; `divided`:
+        k == 1: `segment.buffer` holds this rank's local momentum (views updated by the caller); `divided`:
         the caller formed it already divided by √v+ε (`_preconditioned_local_momentum`), or hands it over
         as `source` (`divided`; the compressor forms it inside its first pass).
         k > 1: row w of `segment.local` holds worker w's own gradient g_w; here it becomes that
         worker's local momentum β1·m + (1−β1)·g_w (m the synchronized momentum in `segment.buffer`,
-        the pad kept from it; with `local_momentum` m is worker w's own), with the arithmetic of
+        the pad kept from it), with the arithmetic of
         `functional.local_momentum_` (preconditioned: divided by √v+ε in the same numba loop where
         `_fused_exchange` allows, as k == 1 does). κ (DeepSpeed's layout only) scales every tensor before
         the exchange and is divided out after it. `scale_back=False` (preconditioned): the buffer keeps
         the average ū in units of u, for the caller's step to multiply by √v+ε (`live_step`).
         """
-        if self.exchange.local_momentum and segment.local is None:
-            segment.buffer.copy_(segment.worker_momenta(1))
         compressor = segment.compressor
         if compressor is None:  # one worker: the exchange is the identity, κ·(1/κ) only adds rounding
             return
@@ -689,8 +609,7 @@ class OnebitOptimizer(OptimizerBase):
         assert segment.local is not None
         local = segment.local
         numel = segment.buffer.numel() - segment.pad.numel()
-        own = segment.worker_momenta(self.virtual_workers) if self.exchange.local_momentum else None
-        if own is None and self._fused_exchange(segment, kappas):
+        if self._fused_exchange(segment, kappas):
             divisors, momenta = self._divisors(segment), segment.views
             first, *rest = [segment.views_of(row) for row in local]
             if preconditioned_momentum_(first, momenta, first, divisors, beta1=beta1):
@@ -698,16 +617,11 @@ class OnebitOptimizer(OptimizerBase):
                     preconditioned_momentum_(views, momenta, views, divisors, beta1=beta1)
                 local[:, numel:].copy_(segment.pad)
                 return True
-        scaled = segment.snapshot_scaled(beta1) if own is None else None  # β1·m, once for all workers
+        scaled = segment.snapshot_scaled(beta1)  # β1·m, once for all workers
         for worker in range(self.virtual_workers):
             row = local[worker]
-            if own is None:
-                assert scaled is not None
-                torch.add(scaled[:numel], row[:numel], alpha=1.0 - beta1, out=row[:numel])
-                row[numel:].copy_(segment.pad)
-            else:
-                own[worker, :numel].mul_(beta1).add_(row[:numel], alpha=1.0 - beta1)
-                row.copy_(own[worker])
+            torch.add(scaled[:numel], row[:numel], alpha=1.0 - beta1, out=row[:numel])
+            row[numel:].copy_(segment.pad)
             if kappas is not None:
                 torch._foreach_mul_(segment.views_of(row), kappas)
         return False

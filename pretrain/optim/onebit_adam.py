@@ -26,8 +26,8 @@ from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 
 class OnebitAdam(OnebitOptimizer):
     """1-bit Adam. Defaults as DeepSpeed (spec §4); `exp_avg_mask`, `group` and the exchange options
-    (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`, `block_size`, `precondition`,
-    `local_momentum`, `vector_block`, `scale_dtype`) as in `OnebitLamb`."""
+    (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`, `precondition`, `scale_dtype`) as
+    in `OnebitLamb`."""
 
     def __init__(
         self,
@@ -43,10 +43,7 @@ class OnebitAdam(OnebitOptimizer):
         exact_vectors: bool = False,
         sign_scale: SignScale | str = SignScale.rms,
         virtual_workers: int = 1,
-        block_size: int = 2048,
         precondition: bool = False,
-        local_momentum: bool = False,
-        vector_block: int = 0,
         scale_dtype: ScaleDtype | str = ScaleDtype.float32,
     ) -> None:
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -55,10 +52,7 @@ class OnebitAdam(OnebitOptimizer):
             exact_vectors,
             SignScale(sign_scale),
             virtual_workers,
-            block_size,
             precondition,
-            local_momentum,
-            vector_block,
             ScaleDtype(scale_dtype),
         )
         super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
@@ -91,7 +85,7 @@ class OnebitAdam(OnebitOptimizer):
             beta1 = group["betas"][0]
             prepared = self._preconditioned_local_momentum(segment, grads[span], None, beta1=beta1)
             if segment.local is None and prepared is False:  # virtual workers: inside the exchange
-                momenta = self.momentum_views(segment)
+                momenta = segment.views
                 if not local_momentum_(momenta, grads[span], beta1=beta1):  # numba where it can
                     F.local_momentum_(momenta, grads[span], beta1=beta1)
             source = prepared if isinstance(prepared, MomentumSource) else None

@@ -1,103 +1,47 @@
-"""1-bit LAMB (arXiv 2104.06069; DeepSpeed `OnebitLamb`, spec §3) on plain torch.distributed.
+"""1-bit LAMB (arXiv 2104.06069) on plain torch.distributed: this project's algorithm and DeepSpeed's.
 
-Warmup (steps 1..freeze_step, gradients averaged by the trainer): exactly
-`Lamb(variant="deepspeed", bias_correction=False)` — clamped trust ratio c on every tensor — plus an
-EMA c̄ of c (coeff_beta, no bias correction, only where c ≠ 1). At step freeze_step v_f ← v.
+Two stages (`pretrain.optim.onebit`), with F = freeze_step:
 
-Compression (later steps, local gradients, §3.5): κ scaling (computed once, at the first compression
-step, guarded against all-zero momentum; DeepSpeed's layout only), local momentum, ONE compressed
-allreduce of the fused flat momentum of all tensors (scales per `compression`, see
-`pretrain.optim.onebit`), momentum masks, frozen v, v_f from the reconstructed gradient, the factor
-rule (factor_min/max/threshold) and p ← p − η·c̄·f·(m/(√v+ε) + λp). With `trust_ratio=live` the step
-instead takes LAMB's own rule on the compressed momentum every step, p ← p − η·c·u with
-u = m/(√v+ε) + λp and c = min(‖p‖/‖u‖, max_coeff): every input is replicated (synchronized m, frozen v,
-p), so it costs no communication, and the step's norm is η·‖p‖ (LAMB's) however large ‖u‖ grows. It
-grows: sign compression gives every element of a segment the same magnitude, and with v frozen early
-the gradients of some tensors outgrow it (the query and key matrices, whose gradients are ~0 while
-attention is still uniform: results/cpu-study/README.md). `trust_ratio=live_clamped` also clamps c from
-below at `min_coeff` as the warmup does; once ‖u‖ > ‖p‖/min_coeff that floor makes the step
-η·min_coeff·‖u‖, larger than LAMB's and growing with ‖u‖ (measured: 10-90x on the query/key matrices,
-and a divergence). With `coeff_bias_correction` the
-frozen coefficient is the bias-corrected EMA c̄/(1 − coeff_beta^k), k the number of warmup updates that
-entered it (DeepSpeed uses c̄ as is, which after k updates of a constant c is only (1 − β^k)·c).
+1. Warmup, steps 1..F: the trainer averages the gradients exactly and the step is LAMB's. With
+   `warmup="nvlamb"` it is `Lamb(variant="nvlamb")` exactly (global pre-normalization by
+   max(1, G/max_grad_norm), bias-corrected moments, the trust ratio on tensors with weight decay, no clamp);
+   with `warmup="deepspeed"` DeepSpeed's LAMB (no bias correction, the ratio clamped to
+   [min_coeff, max_coeff] on every tensor). Either way an EMA c̄ of the trust ratios (coeff_beta) is kept.
+2. Freeze, after step F: v is frozen (v_f ← v). nvlamb: m and v are replaced by their bias-corrected
+   values and the warmup's average pre-normalization factor is frozen with them (the compression stage's
+   local gradients are multiplied by it: the global norm of the averaged gradient is not known before the
+   exchange).
+3. Exchange, every later step: each worker forms its local momentum m_w = β1·m + (1−β1)·g_w from its own
+   gradients and the workers' momenta are averaged by ONE 1-bit compressed allreduce with error feedback
+   (`pretrain.comm`): sign bits plus one scale per segment, in two phases (to the chunk's server, back).
+   The exchange options are `pretrain.optim.onebit.ExchangeOptions`: with `precondition` each worker sends
+   m_w/(√v+ε) (v frozen, so the divisor is the same on every rank) and the average is multiplied back;
+   `compression="per_column"` gives one scale per tensor, per embedding row and per input column of the
+   other matrices; `exact_vectors` sends the 1-D tensors with one scale per element (exactly averaged);
+   `scale_dtype=bfloat16` sends scales in 2 bytes; `sign_scale="mean_abs"` is the least-squares scale.
+4. Step: with `trust_ratio="live"`, LAMB's own rule on the averaged momentum, p ← p − η·c·u with
+   u = m/(√v+ε) + λp and c = min(‖p‖/‖u‖, max_coeff) (1 on nvlamb's tensors without weight decay): every
+   input is replicated, so it costs no bytes and the step's norm is LAMB's however large ‖u‖ grows. With
+   `trust_ratio="frozen"` DeepSpeed's rule, p ← p − η·c̄·f·u with the factor f from the fresh variance
+   (factor_min/max/threshold). `live_vector_variance` keeps the 1-D tensors' v live: they are averaged
+   exactly, so their momentum's increment is their averaged gradient ĝ = (m̂ₜ − β1·m̂ₜ₋₁)/(1 − β1), and
+   v ← β2·v + (1 − β2)·ĝ² after the step.
+5. Refresh, every `variance_refresh`-th compression step (K ≥ 2; 0: off): each worker has summed the row
+   and column sums of its own g² over the K steps (no bytes); they are averaged exactly (~0.1 % of the
+   elements, one small fp32 allreduce) and each matrix with weight decay folds the rank-1 estimate of its
+   mean square, r·cᵀ/Σr, into v: v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr; the exchange divisors follow.
 
-`warmup="nvlamb"` makes the warmup steps exactly `Lamb(variant="nvlamb")` (the LAMB the project compares
-against: gradients pre-normalized by max(1, G/max_grad_norm), bias-corrected moments, the trust ratio
-only on tensors whose group has weight decay, no clamp), and the compression stage keeps its rules: at
-the freeze m and v are replaced by their bias-corrected values (the EMAs then continue unbiased), the
-local gradients are multiplied by the warmup's average pre-normalization factor (EMA with β2,
-bias-corrected; frozen like v, since the global norm of the averaged gradient is not known before the
-exchange), and the tensors without weight decay step η·m/(√v+ε) (ratio 1) while the others take the
-live trust ratio. Needs a live trust ratio. DeepSpeed's warmup applies the clamped ratio to every
-tensor: zero-initialised biases (the MLM decoder bias, the output prior, among them) then step
-η·max(min_coeff, ‖p‖/‖u‖)·u, 8-30x below LAMB's in the seq-32 study (results/cpu-study/README.md).
+This project's 1-bit LAMB (`optim=onebit_lamb`) is: nvlamb warmup, live trust ratio, per_column scales,
+preconditioned exchange, exact vectors with bfloat16 scales, mean_abs sign scale, live vector variance and
+the refresh every 64 steps. DeepSpeed's (`optim=onebit_lamb_deepspeed`, this class's defaults): deepspeed
+warmup, frozen c̄·f, one scale per rank's buffer with κ scaling (computed once at the first compression
+step), no preconditioning, rms sign scale, fp32 scales, v frozen. What each change does and the measurements
+behind it: docs/onebit-lamb.md and results/cpu-study/README.md.
 
-`live_vector_variance` keeps the variance of the 1-D tensors (biases, LayerNorm) live through the
-compression stage: `exact_vectors` averages them exactly, so each step's average gradient is their
-momentum's own increment, ĝ = (m̂ₜ − β1·m̂ₜ₋₁)/(1 − β1), and v ← β2·v + (1 − β2)·ĝ² after the step
-(used from the next one, also as their exchange divisor √v+ε: replicated, so it costs no bytes). With
-v frozen, the tensors without a trust ratio step η·m/√v_frozen, ~2x LAMB's in the seq-32 study once
-their gradients outgrow the variance frozen before attention learned.
-
-`variance_refresh=K` (K ≥ 2; 0: off) keeps the other tensors' variance learning too: every K-th
-compression step (steps F+K, F+2K, … after the freeze at F) averages the gradients exactly, as a warmup
-step does (`needs_gradient_allreduce` is True for it, so the trainer allreduces them), and
-- the momentum takes the exact average, m ← β1·m + (1−β1)·ḡ (ḡ the average of the pre-normalized local
-  gradients, the compression stage's units); the error-feedback buffers are kept for the next exchange;
-- v ← β2^K·v + (1−β2^K)·ḡ² for every tensor whose variance is not live already: one sample stands for
-  the K steps between refreshes, so v keeps the EMA's time scale (1/(1−β2) steps) with ~(2−w)/w samples
-  in it (w = 1−β2^K: 31 at K = 64 against ~2,000 for the dense EMA); the exchange divisors follow;
-- the step is the compression stage's own (live trust ratio) on that momentum.
-It costs one full-precision gradient allreduce per K steps (the trainer counts its bytes as a warmup
-step's). `refresh_from="local"` takes the K steps' gradients instead of one: every worker adds its own
-(pre-normalized) g_w² into a local buffer at every compression step (no bytes), and every K-th step the
-buffers' mean over workers (one exact fp32 allreduce, `pretrain.comm.exact`, summed in worker order)
-divided by K replaces the one-step sample, on the tensors with weight decay only. That estimate has K
-times the samples, but a worker's gradient carries n times the averaged gradient's noise (E[g_w²] =
-μ² + n·σ²/B against μ² + σ²/B): a uniform factor is cancelled by the trust ratio, which the tensors
-without weight decay do not have (they keep the frozen or live variance), and what remains is the shift
-between elements whose gradients are signal and those that are noise.
-
-`refresh_from="factored"` reduces those squares to each decayed matrix's row and column sums (~0.1% of the
-elements on the wire) and sets v to the frozen v times (row sum / its value at the first refresh) × (column
-sum / its value at the first refresh), normalised by the total (a rank-1 model of how v moved). Measured
-(seq-32 study, 2 ranks; results/cpu-study/README.md): with v frozen at the freeze the run ends 1.024× LAMB's
-final MLM loss (3 seeds); `local` at K = 64 1.003× (3 seeds) for one fp32 allreduce per 64 steps (BERT-
-Large's compression stage then 10.5× below fp16 instead of 15.55×: over the byte budget, so off by default);
-`exact` at K = 64 1.033× (seed 1: its one-step samples are too few), at K = 16 1.013×; `factored` at K = 64
-1.029× (seed 1: the product of row and column ratios over-amplifies elements whose row and column both
-grew).
-
-`refresh_from="blocks"` is `local` at the resolution of blocks of `refresh_block` consecutive elements of
-each decayed tensor, to fit the byte budget: the workers' block sums of Σ g_w² are averaged exactly with
-bfloat16 on the wire (N/`refresh_block` values per K steps), and within a block v keeps its shape and is
-rescaled, v ← v·(β2^K + (1−β2^K)·M_b/V_b), M_b the block's mean square per element and step and V_b its
-mean of v (a block whose v is all zero takes M_b). At `refresh_block=128`, K = 64 BERT-Large's compression
-stage stays 15.5× below fp16. Measured 1.014× (seed 1; `local` 1.005, frozen 1.018 on that seed): a block of
-128 is a whole row of the study's model, and within a row the columns' variance moves apart after the freeze.
-
-`refresh_from="rank1"` sends `factored`'s row and column sums (~0.1% of the elements) but rebuilds the
-window's mean squares from them, r·cᵀ/Σr (Adafactor's estimator of a non-negative matrix from its
-marginals), and folds that into v as `local` folds the squares: v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr, decayed
-matrices only; no reference window, so nothing is counted twice. Measured 1.004× LAMB at K = 64 (3 seeds,
-2 ranks; `local` 1.003×) with BERT-Large's compression stage at 15.54× below fp16: the project's default.
-
-Defaults: this class's arguments are DeepSpeed's algorithm (spec §3: one scale per buffer, RMS sign scale,
-frozen c̄·f, DeepSpeed's warmup), the parity mode. The project's config (`conf/optim/onebit_lamb.yaml`,
-`OnebitLambConfig`) defaults to the remedy instead — `compression=per_column`, `precondition=True`,
-`sign_scale=mean_abs`, `trust_ratio=live`, `exact_vectors=True` with `scale_dtype=bfloat16`, `warmup=nvlamb`,
-`live_vector_variance=True`, `variance_refresh=64` with `refresh_from="rank1"` — because the CPU study
-(results/cpu-study/) measured DeepSpeed's algorithm losing to LAMB and diverging on some seeds where the
-remedy did not (spec §3.8 has the mechanism); at seq 32, where LAMB learns context, the remedy with a frozen
-variance ends 2.4% above LAMB's final MLM loss (3 seeds; 10.2% with DeepSpeed's warmup rule), with the rank-1
-variance refresh 0.4%.
-
-Per-parameter state: step count lives in the param groups; `exp_avg` (view into the flat buffer),
-`exp_avg_sq`, `lamb_coeff_freeze` (c̄), `lamb_coeff_updates` (k), `last_factor`, from step freeze_step
-`exp_avg_sq_fresh` (v_f), from the first compression step `scaling_coeff` (κ); with
-`refresh_from="factored"`, from the first refresh, `exp_avg_sq_base`, `refresh_rows`, `refresh_cols` and
-their `_ref` values; `master_param` for bf16/fp16 parameters. Scalars are 0-dim fp32 tensors on the
-parameter's device. Rank-local (checkpointed per rank): the `local`/`blocks`/`factored`/`rank1` refresh sums.
+Per-parameter state: the step count lives in the param groups; `exp_avg` (a view into the flat buffer),
+`exp_avg_sq`, `lamb_coeff_freeze` (c̄), `last_factor`, from step F `exp_avg_sq_fresh` (v_f), from the
+first compression step `scaling_coeff` (κ); `master_param` for bf16/fp16 parameters. Scalars are 0-dim
+fp32 tensors on the parameter's device. Rank-local (checkpointed per rank): the refresh's square sums.
 """
 
 from __future__ import annotations
@@ -130,22 +74,11 @@ class Warmup(str, enum.Enum):
     nvlamb = "nvlamb"  # `Lamb(variant="nvlamb")`: pre-normalized gradients, bias correction, ratio on decayed
 
 
-class RefreshFrom(str, enum.Enum):
-    """What a variance refresh folds into v (module docstring)."""
-
-    exact = "exact"  # the K-th step's exactly averaged gradient (the trainer allreduces it), one sample
-    local = "local"  # every worker's own squared gradients summed over the K steps, averaged over workers
-    factored = "factored"  # the same reduced to each matrix's row and column sums: v_frozen rescaled by them
-    blocks = "blocks"  # the same reduced to sums over blocks of consecutive elements: v rescaled per block
-    rank1 = "rank1"  # the row and column sums again, the squares rebuilt from them as r·cᵀ/Σr (Adafactor)
-
-
 class TrustRatio(str, enum.Enum):
     """The compression stage's step coefficient (module docstring)."""
 
     frozen = "frozen"  # DeepSpeed: c̄ (EMA of the warmup's trust ratios) times the fresh-variance factor
     live = "live"  # LAMB's trust ratio ‖p‖/‖u‖ (capped at max_coeff), every step on the compressed momentum
-    live_clamped = "live_clamped"  # the same, clamped to [min_coeff, max_coeff] as in the warmup
 
 
 class OnebitLamb(OnebitOptimizer):
@@ -161,24 +94,19 @@ class OnebitLamb(OnebitOptimizer):
         factor_min, factor_max, factor_threshold: the compression-stage factor rule (§3.5j).
         group: data-parallel process group (None: the default group, or a world of one without
             torch.distributed).
-        compression, exact_vectors, sign_scale, virtual_workers, block_size, precondition, local_momentum,
-            vector_block, scale_dtype:
+        compression, exact_vectors, sign_scale, virtual_workers, precondition, scale_dtype:
             the momentum exchange (`pretrain.optim.onebit`); the defaults are DeepSpeed's algorithm on real
-            ranks. `local_momentum` needs a live trust ratio.
-        coeff_bias_correction: freeze the bias-corrected c̄ (module docstring).
+            ranks.
         warmup: `deepspeed` (DeepSpeed's LAMB, the parity mode) or `nvlamb` (module docstring).
         max_grad_norm: `warmup="nvlamb"`: the global gradient pre-normalization threshold (0 disables).
         live_vector_variance: keep the 1-D tensors' variance live (module docstring); with
             `exact_vectors` only (without it they are not averaged exactly and this does nothing).
-        variance_refresh: K ≥ 2: every K-th compression step averages gradients exactly and refreshes
-            the variance (module docstring); 0: off. Needs a live trust ratio and no `local_momentum`.
-        refresh_from: `exact` (the K-th step's averaged gradient), `local` (the workers' own squared
-            gradients over the K steps), `factored`, `blocks` or `rank1` (module docstring).
-        refresh_block: `refresh_from="blocks"`: elements per block (≥ 2).
-        trust_ratio: `frozen` (DeepSpeed: c̄·f), `live` or `live_clamped` (module docstring).
+        variance_refresh: K ≥ 2: every K-th compression step refreshes the matrices' variance from the
+            workers' row and column sums of g² (module docstring); 0: off. Needs the live trust ratio.
+        trust_ratio: `frozen` (DeepSpeed: c̄·f) or `live` (module docstring).
         compile: run the warmup and compression steps as `torch.compile`d passes
-            (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs a live trust
-            ratio, `precondition`, one worker per process and no `local_momentum`. Same math; results
+            (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs the live trust
+            ratio, `precondition` and one worker per process. Same math; results
             agree with the eager steps to float rounding, not bitwise.
     """
 
@@ -202,35 +130,25 @@ class OnebitLamb(OnebitOptimizer):
         exact_vectors: bool = False,
         sign_scale: SignScale | str = SignScale.rms,
         virtual_workers: int = 1,
-        block_size: int = 2048,
         precondition: bool = False,
-        local_momentum: bool = False,
-        vector_block: int = 0,
         scale_dtype: ScaleDtype | str = ScaleDtype.float32,
-        coeff_bias_correction: bool = False,
         trust_ratio: TrustRatio | str = TrustRatio.frozen,
         warmup: Warmup | str = Warmup.deepspeed,
         max_grad_norm: float = 1.0,
         live_vector_variance: bool = False,
         variance_refresh: int = 0,
-        refresh_from: RefreshFrom | str = RefreshFrom.exact,
-        refresh_block: int = 128,
         compile: bool = False,
     ) -> None:
         if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
             raise ValueError("OnebitLamb needs 0 <= min_coeff <= max_coeff and 0 < factor_min <= factor_max")
-        if local_momentum and TrustRatio(trust_ratio) is TrustRatio.frozen:
-            raise ValueError("OnebitLamb: local_momentum needs trust_ratio='live' or 'live_clamped'")
         if Warmup(warmup) is Warmup.nvlamb and TrustRatio(trust_ratio) is TrustRatio.frozen:
-            raise ValueError("OnebitLamb: warmup='nvlamb' needs trust_ratio='live' or 'live_clamped'")
+            raise ValueError("OnebitLamb: warmup='nvlamb' needs trust_ratio='live'")
         if max_grad_norm < 0:
             raise ValueError(f"OnebitLamb: max_grad_norm must be >= 0, got {max_grad_norm}")
         if variance_refresh < 0 or variance_refresh == 1:
             raise ValueError(f"OnebitLamb: variance_refresh must be 0 (off) or >= 2, got {variance_refresh}")
-        if variance_refresh and (TrustRatio(trust_ratio) is TrustRatio.frozen or local_momentum):
-            raise ValueError("OnebitLamb: variance_refresh needs a live trust_ratio and no local_momentum")
-        if refresh_block < 2:
-            raise ValueError(f"OnebitLamb: refresh_block must be >= 2, got {refresh_block}")
+        if variance_refresh and TrustRatio(trust_ratio) is TrustRatio.frozen:
+            raise ValueError("OnebitLamb: variance_refresh needs trust_ratio='live'")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -239,10 +157,7 @@ class OnebitLamb(OnebitOptimizer):
             exact_vectors,
             SignScale(sign_scale),
             virtual_workers,
-            block_size,
             precondition,
-            local_momentum,
-            vector_block,
             ScaleDtype(scale_dtype),
         )
         if compile:
@@ -250,7 +165,6 @@ class OnebitLamb(OnebitOptimizer):
                 trust_ratio_live=TrustRatio(trust_ratio) is not TrustRatio.frozen,
                 precondition=precondition,
                 virtual_workers=virtual_workers,
-                local_momentum=local_momentum,
             )
             if reason is not None:
                 raise ValueError(f"OnebitLamb(compile=True) {reason}")
@@ -259,15 +173,11 @@ class OnebitLamb(OnebitOptimizer):
         self._compiled_warmup = compiled.CompiledWarmupStep() if compile else None
         self._compiled_compression = compiled.CompiledCompressionStep() if compile else None
         self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta
-        self.coeff_bias_correction = coeff_bias_correction
         self.trust_ratio = TrustRatio(trust_ratio)
         self.warmup, self.max_grad_norm = Warmup(warmup), max_grad_norm
         self.live_vector_variance = live_vector_variance
         self.variance_refresh = variance_refresh
-        self.refresh_from = RefreshFrom(refresh_from)
-        self.refresh_block = refresh_block
-        # refresh_from local / blocks / factored: Σ g_w² (or row and column sums) per worker since the last
-        # refresh
+        # the variance refresh: each worker's row and column sums of its g² since the last refresh
         self._square_sums: Tensor | None = None
         self._factored: list[int] | None = None  # `_factored_positions`, once computed
         self._last_live_coeffs: dict[int, Any] = {}  # `live`: the last step's coefficients, per group
@@ -280,7 +190,6 @@ class OnebitLamb(OnebitOptimizer):
         self.state[param].update(
             exp_avg_sq=torch.zeros_like(param, dtype=torch.float32),
             lamb_coeff_freeze=torch.zeros((), dtype=torch.float32, device=param.device),
-            lamb_coeff_updates=torch.zeros((), dtype=torch.float32, device=param.device),
             last_factor=torch.ones((), dtype=torch.float32, device=param.device),
         )
 
@@ -310,8 +219,6 @@ class OnebitLamb(OnebitOptimizer):
             coeff_freeze = self._states(params, "lamb_coeff_freeze")
             ema = F.freeze_coeff_ema(torch.stack(coeff_freeze), coeffs, self.coeff_beta)
             torch._foreach_copy_(coeff_freeze, list(ema.unbind()))
-            counts = self._coeff_update_counts(params)
-            torch._foreach_add_(counts, list((coeffs != 1.0).float().unbind()))
 
     def _warmup_grad_scale(self, grads: list[Tensor]) -> float:
         """nvlamb: the pre-normalization 1/max(1, G/max_grad_norm) of this step (G over all tensors, one
@@ -386,7 +293,6 @@ class OnebitLamb(OnebitOptimizer):
             self._correct_moments()
         super()._freeze()
         self._square_sums = None
-        self._drop_factored_state()
         for p in self._segment_groups()[0]:
             state = self.state[p]
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
@@ -461,13 +367,7 @@ class OnebitLamb(OnebitOptimizer):
         without weight decay."""
         if self.warmup is Warmup.nvlamb and group["weight_decay"] == 0.0:
             return 1.0, 1.0
-        min_coeff = self.min_coeff if self.trust_ratio is TrustRatio.live_clamped else 0.0
-        return min_coeff, self.max_coeff
-
-    def _coeff_update_counts(self, params: list[Tensor]) -> list[Tensor]:
-        for p in params:  # state saved before the count existed: the EMA is taken as fully warmed up
-            self.state[p].setdefault("lamb_coeff_updates", torch.full((), 1e9, device=p.device))
-        return self._states(params, "lamb_coeff_updates")
+        return 0.0, self.max_coeff
 
     def _refresh_next(self) -> bool:
         """`variance_refresh`: the next step is the K-th compression step since the freeze."""
@@ -476,71 +376,41 @@ class OnebitLamb(OnebitOptimizer):
             return False
         return (self.step_count + 1 - frozen_at) % refresh == 0
 
-    def _exact_step_next(self) -> bool:
-        return self.refresh_from is RefreshFrom.exact and self._refresh_next()
-
     def _compression_step(self, grads: list[Tensor]) -> None:
+        """Exchange, step, refresh: the local momentum's exchange and the live (or frozen) step; every
+        `variance_refresh`-th step also refreshes the matrices' variance (`_refresh_rank1`) first."""
         (segment,) = self._segments or []
-        refresh_now = self._refresh_next()  # read before the step, as the trainer did
-        refresh = refresh_now and self.refresh_from is RefreshFrom.exact
+        refresh_now = self._refresh_next()
         # the frozen pre-normalization factor: multiplied into the gradients in a pass of their own, or
         # where nothing else reads them scaled, into the passes that read them anyway (the marginals'
         # loop and the local momentum's: the same fp32 products, so the same bits)
-        deferred = self._defers_grad_scale(segment, refresh)
+        deferred = self._defers_grad_scale(segment)
         if not deferred:
-            self._scale_gradients(None if refresh else segment.local, grads)
+            self._scale_gradients(segment.local, grads)
         grad_scale = self._compression_grad_scale() if deferred else 1.0
         live = self._live_variance_positions(segment)
         marginals = None
-        if self.variance_refresh and self.refresh_from in (RefreshFrom.local, RefreshFrom.blocks):
-            self._accumulate_squares(segment, grads)
-            if refresh_now and self.refresh_from is RefreshFrom.local:
-                self._refresh_from_squares(segment, live)
-            elif refresh_now:
-                self._refresh_from_blocks(segment, live)
-        elif self.variance_refresh and self.refresh_from in (RefreshFrom.factored, RefreshFrom.rank1):
+        if self.variance_refresh:
             if not refresh_now and segment.local is None:  # added where the local momentum is formed
                 marginals = self._marginal_targets(segment)
             else:
                 self._accumulate_marginals(segment, grads, grad_scale)
-            if refresh_now and self.refresh_from is RefreshFrom.factored:
-                self._refresh_factored(segment)
-            elif refresh_now:
+            if refresh_now:
                 self._refresh_rank1(segment)
         # m̂ₜ₋₁ of the exactly averaged tensors: copies (×1 is exact) in one multi-tensor op
         previous = list(torch._foreach_mul([segment.views[i] for i in live], 1.0)) if live else []
-        if refresh:
-            self._refresh_update(segment, grads, live)
-        else:
-            self._compression_update(segment, grads, grad_scale, marginals)
+        self._compression_update(segment, grads, grad_scale, marginals)
         self._update_live_variance(segment, live, previous)
 
-    def _defers_grad_scale(self, segment: Any, refresh: bool) -> bool:
+    def _defers_grad_scale(self, segment: Any) -> bool:
         """Whether this compression step's gradients reach only passes that take the nvlamb factor
-        themselves: one worker per process, the eager step, neither an exact refresh nor the local squares
-        (`_accumulate_squares`) reading them."""
-        squares = self.variance_refresh and self.refresh_from in (RefreshFrom.local, RefreshFrom.blocks)
+        themselves: one worker per process and the eager step."""
         probing = self.probe is not None and self.probe.active
         return (
             self._compression_grad_scale() != 1.0
             and segment.local is None
-            and not refresh
-            and not squares
             and (self._compiled_compression is None or probing)
         )
-
-    def _refresh_targets(self, live: list[int], decayed_only: bool) -> list[tuple[dict[str, Any], int]]:
-        """(group, segment position) of each tensor a refresh folds into v: not live already and, with
-        ``decayed_only`` (the workers' own squares: no trust ratio to cancel their extra noise otherwise),
-        with weight decay."""
-        skip = set(live)
-        return [
-            (group, i)
-            for group, span in self._group_slices()
-            if not (decayed_only and group["weight_decay"] == 0.0)
-            for i in range(span.start, span.stop)
-            if i not in skip
-        ]
 
     @staticmethod
     def _set_divisor(divisors: list[Tensor] | None, i: int, exp_avg_sq: Tensor, eps: float) -> None:
@@ -548,69 +418,8 @@ class OnebitLamb(OnebitOptimizer):
         if divisors is not None:
             torch.sqrt(exp_avg_sq, out=divisors[i]).add_(eps)
 
-    def _accumulate_squares(self, segment: Any, grads: list[Tensor]) -> None:
-        """refresh_from=local: Σ g_w² += g_w² for each of this process's workers (its own gradients)."""
-        if self._square_sums is None:
-            shape = segment.local.shape if segment.local is not None else segment.buffer.shape
-            self._square_sums = torch.zeros(shape, dtype=torch.float32, device=segment.buffer.device)
-        if segment.local is not None:  # the rows' tail is the momentum pad after an exchange: not a gradient
-            numel = segment.buffer.numel() - segment.pad.numel()
-            own = segment.local[:, :numel]
-            self._square_sums[:, :numel].addcmul_(own, own)
-        else:
-            torch._foreach_addcmul_(segment.views_of(self._square_sums), grads, grads)
-
-    def _refresh_from_squares(self, segment: Any, live: list[int]) -> None:
-        """refresh_from=local: v ← β2^K·v + (1−β2^K)·mean_w(Σ g_w²)/K on the tensors with weight decay
-        (not live already); the divisors follow and the sums restart."""
-        sums = self._square_sums
-        assert sums is not None
-        rows = sums if sums.dim() == 2 else sums.unsqueeze(0)
-        mean = worker_order_mean(rows, self.group, self.num_processes, self.traffic)
-        views = segment.views_of(mean.div_(self.variance_refresh))
-        for group, i in self._refresh_targets(live, decayed_only=True):
-            weight = 1.0 - group["betas"][1] ** self.variance_refresh
-            exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
-            exp_avg_sq.mul_(1.0 - weight).add_(views[i], alpha=weight)
-            self._set_divisor(segment.divisors, i, exp_avg_sq, group["eps"])
-        sums.zero_()
-
-    def _refresh_from_blocks(self, segment: Any, live: list[int]) -> None:
-        """refresh_from=blocks (module docstring): the workers' block sums of their Σ g_w² averaged exactly in
-        bfloat16, then v of each decayed tensor (not live) rescaled block by block; the sums restart."""
-        sums = self._square_sums
-        assert sums is not None
-        rows = sums if sums.dim() == 2 else sums.unsqueeze(0)
-        block = self.refresh_block
-        refreshed = self._refresh_targets(live, decayed_only=True)
-        per_worker = []
-        for row in rows:
-            views = segment.views_of(row)
-            per_worker.append(torch.cat([_block_sums(views[i], block) for _, i in refreshed]))
-        stacked = torch.stack(per_worker)
-        stacked = torch.nn.functional.pad(stacked, (0, -stacked.shape[1] % self.num_processes))
-        mean = worker_order_mean(stacked, self.group, self.num_processes, self.traffic, torch.bfloat16)
-        mean.div_(self.variance_refresh)
-        start = 0
-        for group, i in refreshed:
-            exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
-            numel = exp_avg_sq.numel()
-            observed = mean[start : start + -(-numel // block)]
-            start += observed.numel()
-            current = _block_sums(exp_avg_sq, block)
-            weight = 1.0 - group["betas"][1] ** self.variance_refresh
-            factor = _ratio(observed, current).mul_(weight).add_(1.0 - weight)
-            counts = torch.full_like(observed, float(block))
-            counts[-1] = numel - block * (observed.numel() - 1)
-            empty = torch.where(current > 0, 0.0, observed * weight / counts)  # a zero block takes M_b
-            shape = exp_avg_sq.shape  # blocks of the flattened tensor, in index order (any memory order)
-            exp_avg_sq.mul_(factor.repeat_interleave(block)[:numel].view(shape))
-            exp_avg_sq.add_(empty.repeat_interleave(block)[:numel].view(shape))
-            self._set_divisor(segment.divisors, i, exp_avg_sq, group["eps"])
-        sums.zero_()
-
     def _factored_positions(self, segment: Any) -> list[int]:
-        """refresh_from=factored/rank1: the matrices with weight decay, in segment order (computed once: the
+        """The variance refresh's matrices: those with weight decay, in segment order (computed once: the
         one segment and the groups are fixed after construction)."""
         if self._factored is None:
             decayed = {
@@ -647,7 +456,7 @@ class OnebitLamb(OnebitOptimizer):
         return targets
 
     def _accumulate_marginals(self, segment: Any, grads: list[Tensor], grad_scale: float = 1.0) -> None:
-        """refresh_from=factored: each worker adds the row and column sums of its own g² (no bytes); g =
+        """The variance refresh: each worker adds the row and column sums of its own g² (no bytes); g =
         `grad_scale`·grads (1 where `grads` hold the scaled gradients already)."""
         positions = self._factored_positions(segment)
         for worker, sums in enumerate(self._square_sums_of(segment)):
@@ -657,40 +466,10 @@ class OnebitLamb(OnebitOptimizer):
                 matrices, self._marginal_views(sums, segment), self.workspace, grad_scale
             )
 
-    def _refresh_factored(self, segment: Any) -> None:
-        """refresh_from=factored: the row and column sums' mean over workers and the K steps enter β2^K-EMAs;
-        v ← v_base·(r/r₀)ᵢ·(c/c₀)ⱼ·(Σr₀/Σr), with v_base the variance frozen at the freeze and r₀, c₀ the
-        first refresh's sums (the same estimator, so the workers' extra noise cancels in the ratios)."""
-        assert self._square_sums is not None
-        mean = worker_order_mean(self._square_sums, self.group, self.num_processes, self.traffic)
-        mean.div_(self.variance_refresh)
-        betas = {id(p): group["betas"][1] for group in self.param_groups for p in group["params"]}
-        eps = {id(p): group["eps"] for group in self.param_groups for p in group["params"]}
-        divisors = segment.divisors
-        for i, (rows, cols) in zip(self._factored_positions(segment), self._marginal_views(mean, segment)):
-            param = segment.params[i]
-            state = self.state[param]
-            if "refresh_rows" not in state:  # the first refresh since the freeze: the reference
-                state["exp_avg_sq_base"] = state["exp_avg_sq"].clone()
-                state["refresh_rows_ref"], state["refresh_cols_ref"] = rows.clone(), cols.clone()
-                state["refresh_rows"], state["refresh_cols"] = rows.clone(), cols.clone()
-            else:
-                weight = 1.0 - betas[id(param)] ** self.variance_refresh
-                state["refresh_rows"].mul_(1.0 - weight).add_(rows, alpha=weight)
-                state["refresh_cols"].mul_(1.0 - weight).add_(cols, alpha=weight)
-            row_factor = _ratio(state["refresh_rows"], state["refresh_rows_ref"])
-            col_factor = _ratio(state["refresh_cols"], state["refresh_cols_ref"])
-            total = _ratio(state["refresh_rows_ref"].sum(), state["refresh_rows"].sum())
-            exp_avg_sq = state["exp_avg_sq"]
-            torch.mul(state["exp_avg_sq_base"], row_factor.mul_(total).unsqueeze(1), out=exp_avg_sq)
-            exp_avg_sq.mul_(col_factor.unsqueeze(0))
-            self._set_divisor(divisors, i, exp_avg_sq, eps[id(param)])
-        self._square_sums.zero_()
-
     def _refresh_rank1(self, segment: Any) -> None:
-        """refresh_from=rank1 (module docstring): the workers' row and column sums of Σ g_w² averaged exactly;
-        each decayed matrix's mean square over the K steps rebuilt as r·cᵀ/Σr and folded into v as `local`
-        folds the squares themselves, v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr; the sums restart."""
+        """The variance refresh (module docstring): the workers' row and column sums of Σ g_w² averaged
+        exactly; each decayed matrix's mean square over the K steps rebuilt as r·cᵀ/Σr and folded into v,
+        v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr; the sums restart."""
         assert self._square_sums is not None
         mean = worker_order_mean(self._square_sums, self.group, self.num_processes, self.traffic)
         mean.div_(self.variance_refresh)
@@ -705,20 +484,6 @@ class OnebitLamb(OnebitOptimizer):
             exp_avg_sq.mul_(1.0 - weight).add_(estimate, alpha=weight)
             self._set_divisor(divisors, i, exp_avg_sq, group["eps"])
         self._square_sums.zero_()
-
-    def _refresh_update(self, segment: Any, grads: list[Tensor], live: list[int]) -> None:
-        """`variance_refresh` (module docstring): on exactly averaged gradients, m ← β1·m + (1−β1)·ḡ,
-        v ← β2^K·v + (1−β2^K)·ḡ² where v is not live already (divisors follow), then the live-ratio step."""
-        for group, span in self._group_slices():
-            F.local_momentum_(segment.views[span], grads[span], beta1=group["betas"][0])
-        for group, i in self._refresh_targets(live, decayed_only=False):
-            weight = 1.0 - group["betas"][1] ** self.variance_refresh
-            exp_avg_sq = self.state[segment.params[i]]["exp_avg_sq"]
-            exp_avg_sq.mul_(1.0 - weight).addcmul_(grads[i], grads[i], value=weight)
-            self._set_divisor(segment.divisors, i, exp_avg_sq, group["eps"])
-        self._apply_masks()
-        for group, span in self._group_slices():
-            self._compressed_update(group, segment.views[span])
 
     def _compression_update(
         self,
@@ -755,7 +520,7 @@ class OnebitLamb(OnebitOptimizer):
             self._accumulate_marginals(segment, grads, grad_scale)
         if segment.local is None and prepared is False:  # virtual workers: in the exchange
             # m ← β1·m + (1−β1)·(s·g) in one numba loop where it can (one beta1), else in torch ops
-            momenta = self.momentum_views(segment)
+            momenta = segment.views
             formed = len(betas) == 1 and local_momentum_(
                 momenta, grads, beta1=beta1, grad_scale=grad_scale, marginals=folded
             )
@@ -858,9 +623,6 @@ class OnebitLamb(OnebitOptimizer):
         tensors += [self._states(params, "exp_avg_sq"), self._states(params, "exp_avg_sq_fresh")]
         last_factors = self._states(params, "last_factor")
         coeffs = torch.stack(self._states(params, "lamb_coeff_freeze"))
-        if self.coeff_bias_correction:
-            counts = torch.stack(self._coeff_update_counts(params))
-            coeffs = coeffs / (1.0 - torch.pow(self.coeff_beta, counts)).clamp(min=1e-12)
         scalars = (coeffs, torch.stack(last_factors))
         factor_rule = dict(
             factor_min=self.factor_min, factor_max=self.factor_max, factor_threshold=self.factor_threshold
@@ -869,18 +631,6 @@ class OnebitLamb(OnebitOptimizer):
             F.compressed_lamb_update_, tensors, scalars, **factor_rule, **self._hyper(group)
         )
         torch._foreach_copy_(last_factors, list(factors.unbind()))  # type: ignore[union-attr]
-
-    def _drop_factored_state(self) -> None:
-        """A new compression stage starts its factored refresh from its own frozen variance."""
-        for p in self._segment_groups()[0]:
-            for key in (
-                "exp_avg_sq_base",
-                "refresh_rows",
-                "refresh_cols",
-                "refresh_rows_ref",
-                "refresh_cols_ref",
-            ):
-                self.state[p].pop(key, None)
 
     def _extra_state(self) -> dict[str, Any]:
         return {**super()._extra_state(), "square_sums": self._square_sums}
@@ -904,7 +654,6 @@ class OnebitLamb(OnebitOptimizer):
             state.pop("scaling_coeff", None)
             state.pop("exp_avg_sq_fresh", None)
             state["last_factor"].fill_(1.0)
-        self._drop_factored_state()
 
     def statistics(self) -> dict[str, float]:
         """Means of c̄ and of the last factors over tensors (host sync: log steps only)."""
@@ -922,14 +671,3 @@ class OnebitLamb(OnebitOptimizer):
         if live and self.stage is Stage.compression:
             statistics["live_coeff_mean"] = float(torch.cat(live).mean())
         return statistics
-
-
-def _block_sums(values: Tensor, block: int) -> Tensor:
-    """Sums over consecutive blocks of `block` elements of the flattened `values` (the last one shorter)."""
-    flat = values.reshape(-1)
-    return torch.nn.functional.pad(flat, (0, -flat.numel() % block)).view(-1, block).sum(1)
-
-
-def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
-    """numerator / denominator, 1 where the denominator is 0 (a row or column that had no gradient)."""
-    return torch.where(denominator > 0, numerator / denominator.clamp(min=1e-30), torch.ones_like(numerator))

@@ -8,11 +8,9 @@ Rules (spec §1.5, with one deliberate difference):
 - optional (1-bit optimizers): `position_embeddings.weight` in its own group whose `exp_avg_mask` is 1 on
   rows < max_seq_length and 0 on the rows a run at that length never uses. Pass the same
   `max_seq_length` argument style in every phase so the group layout (and so the checkpoint) matches;
-- optional (1-bit optimizers with `compression=per_row`): the word and token-type embeddings in their
+- optional (1-bit optimizers with `compression=per_column`): the word and token-type embeddings in their
   own group flagged `row_scales` (the position group gets the flag too), so that the 1-bit exchange gives
-  each of their rows its own scale. Without it the layout is the one DeepSpeed's BERT example uses;
-- optional (`exact_output_bias`, with `row_scales`): the MLM decoder bias (one entry per vocabulary row) in
-  a group of its own flagged `row_scales`, so that each entry is a row of one element: averaged exactly.
+  each of their rows its own scale. Without it the layout is the one DeepSpeed's BERT example uses.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from torch import nn
 NO_DECAY_MARKERS = ("bias", "LayerNorm")
 POSITION_EMBEDDINGS = "position_embeddings.weight"
 ROW_SCALED_EMBEDDINGS = ("word_embeddings.weight", "token_type_embeddings.weight")
-OUTPUT_BIAS = "cls.predictions.bias"
 
 
 def param_groups(
@@ -34,10 +31,9 @@ def param_groups(
     *,
     max_seq_length: int | None = None,
     row_scales: bool = False,
-    exact_output_bias: bool = False,
 ) -> list[dict[str, Any]]:
-    """Groups in a fixed order: [decayed, not decayed, (row-scaled embeddings), (the output bias), (position
-    embeddings with exp_avg_mask)].
+    """Groups in a fixed order: [decayed, not decayed, (row-scaled embeddings), (position embeddings with
+    exp_avg_mask)].
 
     Frozen parameters (requires_grad False) are left out; tied parameters appear once. The mask has
     shape [num_positions, 1] and broadcasts over the embedding width.
@@ -46,7 +42,6 @@ def param_groups(
     no_decay: list[nn.Parameter] = []
     embeddings: list[nn.Parameter] = []
     positions: list[nn.Parameter] = []
-    output_bias: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
@@ -54,8 +49,6 @@ def param_groups(
             positions.append(param)
         elif row_scales and name.endswith(ROW_SCALED_EMBEDDINGS):
             embeddings.append(param)
-        elif row_scales and exact_output_bias and name.endswith(OUTPUT_BIAS):
-            output_bias.append(param)
         elif any(marker in name for marker in NO_DECAY_MARKERS):
             no_decay.append(param)
         else:
@@ -66,8 +59,6 @@ def param_groups(
     ]
     if row_scales:
         groups.append({"params": embeddings, "weight_decay": weight_decay, "row_scales": True})
-        if output_bias:
-            groups.append({"params": output_bias, "weight_decay": 0.0, "row_scales": True})
     if max_seq_length is not None:
         if len(positions) != 1:
             raise ValueError(

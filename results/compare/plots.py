@@ -18,7 +18,6 @@ the figure, in as many columns as its width holds.
 
 from __future__ import annotations
 
-import functools
 import math
 import textwrap
 from collections.abc import Sequence
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import yaml
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -35,7 +33,6 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from data.config import REPO_ROOT
 from pretrain.diagnostics import BUCKETS, FAMILIES
 from results.compare.analysis import (
     diverged,
@@ -64,45 +61,10 @@ ABLATION_COLORS = [
 # one per workers setting; dotted stays for diverged runs and companion curves
 LINESTYLES: list[Any] = ["-", "--", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (3, 1, 1, 1))]
 LEGEND_FONTSIZE = 8
-# DeepSpeed's algorithm as options over 1-bit LAMB's default, as the committed studies' runs record it
-DEEPSPEED_OVERRIDES = {
-    "warmup": "deepspeed",
-    "live_vector_variance": False,
-    "compression": "deepspeed",
-    "sign_scale": "rms",
-    "trust_ratio": "frozen",
-    "precondition": False,
-    "exact_vectors": False,
-    "scale_dtype": "float32",
-    "variance_refresh": 0,
-}
 ABLATION_ZOOM_FROM = 0.25  # ablation panels: the y-axis spans the curves from this fraction of the samples on
 
 
 # -- names -----------------------------------------------------------------------------------------------
-@functools.cache
-def reference_variants() -> dict[str, str]:
-    """{exchange variant, as runs.py names it: short name} of 1-bit LAMB's shipped default config
-    (conf/optim/onebit_lamb.yaml) and of DeepSpeed's algorithm expressed in its options (how the committed
-    studies ran it). Where both get one name, the default keeps it. Empty when the config or runs.py's
-    naming cannot be read: then a name alone decides (`onebit_lamb`, `onebit_lamb_deepspeed`)."""
-    from results.compare import runs as naming
-
-    variant_of = getattr(naming, "_variant", None)
-    if variant_of is None:
-        return {}
-    try:
-        path = REPO_ROOT / "conf" / "optim" / "onebit_lamb.yaml"
-        shipped = yaml.safe_load(path.read_text(encoding="utf-8"))
-        default = {key: value for key, value in shipped.items() if key != "defaults" and value is not None}
-        return {
-            variant_of({**default, **DEEPSPEED_OVERRIDES}): "onebit_lamb_deepspeed",
-            variant_of(default): "onebit_lamb",
-        }
-    except (AttributeError, KeyError, OSError, TypeError, ValueError, yaml.YAMLError):
-        return {}
-
-
 def arm_name(run: Run) -> str:
     """The arm without its workers, as the report's tables name it: `optimizer[variant]`."""
     return run.optimizer + (f"[{run.variant}]" if run.variant else "")
@@ -111,13 +73,8 @@ def arm_name(run: Run) -> str:
 def main_name(run: Run) -> str | None:
     """The run's short name in the main comparison (`lamb`, `onebit_lamb`, `onebit_lamb_deepspeed`,
     `adamw`), or None for an ablation."""
-    references = reference_variants()
-    if run.optimizer == "onebit_lamb" and run.variant in references:
-        return references[run.variant]
-    if not run.variant and run.optimizer in MAIN_NAMES:
-        return run.optimizer
-    fused = f"{run.optimizer}_{run.variant}"  # a variant that names DeepSpeed's algorithm, e.g. `deepspeed`
-    return fused if fused in MAIN_NAMES else None
+    # runs.py names a 1-bit LAMB run by its preset and what it changed (`onebit_lamb_identity`)
+    return run.optimizer if not run.variant and run.optimizer in MAIN_NAMES else None
 
 
 def workers_name(run: Run) -> str:

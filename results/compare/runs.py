@@ -63,7 +63,7 @@ class Run:
     config_note: str | None = None  # set when the config was inferred rather than read
     wall_seconds: float | None = None  # W&B's run time, when known
     finetunes: list[FinetuneResult] = field(default_factory=list)
-    variant: str = ""  # the 1-bit exchange when not DeepSpeed's defaults, e.g. "per_row+exact_vectors"
+    variant: str = ""  # what differs from the optimizer's preset, e.g. "variance_refresh=0" (`_identity`)
     workers: int | None = None  # data-parallel workers (processes x simulated workers per process)
     simulated: bool = False  # some of the workers were simulated (sim_world_size > 1)
     finetune_notes: list[str] = field(default_factory=list)  # e.g. one checkpoint fine-tuned with two recipes
@@ -143,8 +143,10 @@ def load_run_folder(folder: Path) -> Run:
     return run
 
 
-# 1-bit exchange options that name a variant when they differ from DeepSpeed's algorithm
-_VARIANT_DEFAULTS = {
+# 1-bit options as DeepSpeed's algorithm has them: also what a key missing from an older run's config meant
+# (the option did not exist yet). `optim=onebit_lamb_deepspeed` is this algorithm.
+_DEEPSPEED = {
+    "compression": "deepspeed",
     "exact_vectors": False,
     "exact_output_bias": False,
     "precondition": False,
@@ -158,7 +160,7 @@ _VARIANT_DEFAULTS = {
     "factor_max": 4.0,
     "block_size": 2048,
     "min_coeff": 0.01,
-    "eps": 1e-8,  # the deepspeed warmup's; nvlamb's is 1e-6 (`_variant`)
+    "eps": 1e-8,
     "warmup": "deepspeed",
     "max_grad_norm": 1.0,
     "live_vector_variance": False,
@@ -166,33 +168,78 @@ _VARIANT_DEFAULTS = {
     "refresh_from": "exact",
     "refresh_block": 128,
 }
+# `optim=onebit_lamb`: this project's 1-bit LAMB (pretrain/optim/config.py ONEBIT_LAMB_ALGORITHM)
+_ONEBIT_LAMB = {
+    **_DEEPSPEED,
+    "compression": "per_column",
+    "exact_vectors": True,
+    "precondition": True,
+    "scale_dtype": "bfloat16",
+    "sign_scale": "mean_abs",
+    "trust_ratio": "live",
+    "eps": 1e-6,
+    "warmup": "nvlamb",
+    "live_vector_variance": True,
+    "variance_refresh": 64,
+    "refresh_from": "rank1",
+}
+ONEBIT_LAMB_PRESETS = {"onebit_lamb": _ONEBIT_LAMB, "onebit_lamb_deepspeed": _DEEPSPEED}
 
 
-def _variant(optim: dict[str, Any]) -> str:
-    """e.g. "per_row+exact_vectors+sign_scale=mean_abs"; "" for DeepSpeed's exchange or no 1-bit; LAMB's
-    `deepspeed` variant is "deepspeed" (+ "no_bias_correction")."""
+def _deviations(values: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """The keys where `values` differ from `reference`, as "key" (a flag turned on) or "key=value", leaving
+    out keys that do nothing with the other values (e.g. a refresh's source without a refresh)."""
+    inert = set()
+    if not values["variance_refresh"]:
+        inert |= {"refresh_from", "refresh_block"}
+    if values["refresh_from"] != "blocks":
+        inert.add("refresh_block")
+    if values["compression"] != "per_block":
+        inert.add("block_size")
+    if values["trust_ratio"] != "frozen":
+        inert |= {"factor_min", "factor_max"}
+    parts = []
+    for key, default in reference.items():
+        value = values[key]
+        if key not in inert and value != default:
+            parts.append(key if value is True else f"{key}={str(value).lower() if value is False else value}")
+    return parts
+
+
+def onebit_lamb_identity(optim: dict[str, Any]) -> tuple[str, str]:
+    """(optimizer, variant) of a 1-bit LAMB run's `optim` config: the preset it is (`onebit_lamb` or
+    `onebit_lamb_deepspeed`) and what differs from it ("" for the preset itself). A preset's config holds
+    its tunable keys only; an older run's holds every option, and names the nearer preset."""
+    if "compression" not in optim:
+        name = str(optim.get("name", "onebit_lamb"))
+        reference = ONEBIT_LAMB_PRESETS.get(name, _ONEBIT_LAMB)
+        values = {**reference, **{k: v for k, v in optim.items() if k in reference}}
+        return name, "+".join(_deviations(values, reference))
+    values = {**_DEEPSPEED, **{k: v for k, v in optim.items() if k in _DEEPSPEED}}
+    if optim.get("eps") is None:  # null: the warmup's default
+        values["eps"] = 1e-6 if values["warmup"] == "nvlamb" else 1e-8
+    named = [(name, _deviations(values, reference)) for name, reference in ONEBIT_LAMB_PRESETS.items()]
+    name, parts = min(named, key=lambda item: len(item[1]))
+    return name, "+".join(parts)
+
+
+def _identity(optim: dict[str, Any]) -> tuple[str | None, str]:
+    """(optimizer when the config renames it, variant): e.g. "deepspeed" for LAMB's DeepSpeed variant, the
+    1-bit Adam exchange where it is not DeepSpeed's, a 1-bit LAMB run's preset and deviations
+    (`onebit_lamb_identity`); "+grad_allreduce=<dtype>" for a 16-bit gradient allreduce."""
     gradients = optim.get("grad_allreduce", "float32")
     averaged = [] if gradients == "float32" else [f"grad_allreduce={gradients}"]  # 16-bit gradient allreduce
+    if optim.get("name") in ONEBIT_LAMB_PRESETS:
+        name, variant = onebit_lamb_identity(optim)
+        return name, "+".join(([variant] if variant else []) + averaged)
     if "compression" not in optim:
         parts = [] if optim.get("variant") in (None, "nvlamb") else [str(optim["variant"])]
         if parts and not optim.get("bias_correction", True):
             parts.append("no_bias_correction")
-        return "+".join(parts + averaged)
-    parts = [] if optim["compression"] == "deepspeed" else [str(optim["compression"])]
-    defaults = dict(_VARIANT_DEFAULTS)
-    if optim.get("warmup") == "nvlamb":
-        defaults["eps"] = 1e-6
-    # without a refresh its source and block size do nothing (the default source is rank1): no variant
-    inert = set() if optim.get("variance_refresh") else {"refresh_from", "refresh_block"}
-    for key, default in defaults.items():
-        if key in inert:
-            continue
-        value = optim.get(key, default)
-        if value != default:
-            parts.append(key if value is True else f"{key}={value}")
-    if optim["compression"] == "deepspeed" and parts:
-        parts.insert(0, "deepspeed")
-    return "+".join(parts + averaged)
+        return None, "+".join(parts + averaged)
+    values = {**_DEEPSPEED, **{k: v for k, v in optim.items() if k in _DEEPSPEED}}
+    parts = _deviations(values, _DEEPSPEED)
+    return None, "+".join(parts + averaged)
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
@@ -253,7 +300,8 @@ def _read_config(folder: Path, records: list[dict[str, float]]) -> tuple[dict[st
             raise CompareError(f"{where}: malformed YAML") from None
         if not isinstance(raw, dict):
             raise CompareError(f"{path}: expected a mapping")
-        optimizer = raw.get("optimizer") or _get(raw, "optim", "name")
+        renamed, variant = _identity(raw.get("optim") or {})
+        optimizer = renamed or raw.get("optimizer") or _get(raw, "optim", "name")
         phases = _get(raw, "batch", "phases") or []
         global_batch = raw.get("global_batch") or (phases[0].get("global_batch") if phases else None)
         if not optimizer or not global_batch:
@@ -267,7 +315,7 @@ def _read_config(folder: Path, records: list[dict[str, float]]) -> tuple[dict[st
             "model": _get(raw, "model", "size"),
             "batch": {"phases": phases},
             "command": raw.get("command"),
-            "variant": _variant(raw.get("optim") or {}),
+            "variant": variant,
             "workers": int(raw["world_size"]) * simulated if raw.get("world_size") else None,
             "simulated": simulated > 1,
         }

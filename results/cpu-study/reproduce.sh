@@ -14,6 +14,11 @@
 # checkpoint and of a randomly initialised model (the floor). Every pretraining run logs the diagnostics
 # (`diagnostics=true`). Then `make compare` and `python -m bench fidelity` (results/bench/fidelity.json).
 #
+# The code: `deepspeed` is optim=onebit_lamb_deepspeed, `remedy_nv_lv_k64` optim=onebit_lamb and `remedy_nv_lv`
+# optim=onebit_lamb optim.variance_refresh=0, on any commit since the presets. Every other 1-bit arm sets
+# options that lost and left the optimizer (results/cpu-study/README.md, "Arms removed from the code"): run
+# those stages from commit 57f17d9, the last that has them (git worktree add ../study 57f17d9).
+#
 # Runs go to results/runs/cpu-study-*; a run whose summary.json (fine-tune: all_results.json) exists is skipped,
 # so the script picks up where an interrupted one stopped. Stages (STAGES, in this order):
 #   main      seeds x {lamb n2, deepspeed n2, remedy n2, deepspeed sim32, remedy sim32}
@@ -92,7 +97,7 @@ fi
 
 declare -A ARM=(
   [lamb]="optim=lamb"
-  [deepspeed]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=deepspeed optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
+  [deepspeed]="optim=onebit_lamb_deepspeed"
   [remedy]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
   [remedy_clamped]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=mean_abs optim.trust_ratio=live_clamped optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
   [per_row]="optim=onebit_lamb optim.warmup=deepspeed optim.live_vector_variance=false optim.compression=per_row optim.sign_scale=rms optim.trust_ratio=frozen optim.precondition=false optim.exact_vectors=false optim.scale_dtype=float32 optim.variance_refresh=0"
@@ -114,7 +119,7 @@ declare -A ARM=(
   # the default with optim=lamb's LAMB in the warmup and its rules kept after the freeze (seq-32 study)
   [remedy_nv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=false optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 optim.variance_refresh=0"
   # and the 1-D tensors' variance kept live after the freeze (from their exact average)
-  [remedy_nv_lv]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 optim.variance_refresh=0"
+  [remedy_nv_lv]="optim=onebit_lamb optim.variance_refresh=0"
   # that, with the variance frozen at step 1,280 instead of 640 (40% of the run)
   [remedy_nv_lv_f1280]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16 batch.phases.0.freeze_step=1280 optim.variance_refresh=0"
   # that, with every 64th (16th) compression step averaging gradients exactly and refreshing v (variance_refresh)
@@ -129,7 +134,7 @@ declare -A ARM=(
   # sums, sent in bfloat16 (BERT-Large's compression stage stays 15.5x below fp16)
   [remedy_nv_lv_b64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=blocks optim.refresh_block=128 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   # every 64th compression step folding in the workers' squared gradients rebuilt from their row and column sums (r c^T / sum r)
-  [remedy_nv_lv_k64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=rank1 optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
+  [remedy_nv_lv_k64]="optim=onebit_lamb"
   # every 64th compression step rescaling the frozen v by the row and column sums of the workers' squared gradients
   [remedy_nv_lv_fr64]="optim=onebit_lamb optim.warmup=nvlamb optim.live_vector_variance=true optim.variance_refresh=64 optim.refresh_from=factored optim.compression=per_column optim.sign_scale=mean_abs optim.trust_ratio=live optim.precondition=true optim.exact_vectors=true optim.scale_dtype=bfloat16"
   # the default with the variance frozen later (seq-32 study: after LAMB leaves the unigram stage)

@@ -58,9 +58,9 @@ def _optimizer(model: torch.nn.Module, compile: bool, warmup: str):
         {"params": [p for p in rest if p.dim() == 1], "weight_decay": 0.0},
         {"params": [embedding], "weight_decay": 0.01, "row_scales": True, "exp_avg_mask": mask},
     ]
-    # "nvlamb_refresh": nvlamb with the variance refreshed from local squares at steps 4, 6 and 8 (eager,
-    # before the compiled compression step; the resume at 5 carries step 5's squares)
-    refresh = dict(variance_refresh=2, refresh_from="local") if warmup == "nvlamb_refresh" else {}
+    # "nvlamb_refresh": nvlamb with the variance refreshed from the row and column sums of g² at steps 4, 6
+    # and 8 (eager, before the compiled compression step; the resume at 5 carries step 5's sums)
+    refresh = dict(variance_refresh=2) if warmup == "nvlamb_refresh" else {}
     warmup = warmup.removesuffix("_refresh")
     return OnebitLamb(
         groups, lr=0.02, freeze_step=FREEZE_STEP, coeff_beta=0.5, compression="per_column",

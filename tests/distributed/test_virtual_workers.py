@@ -6,10 +6,9 @@ so both sides add the same floats in the same order; the trainer-level test in
 tests/integration/test_simulated.py covers the gloo ring's own order), in the compression stage the
 real ranks keep their own and the simulated optimizer gets each worker's in `worker_gradient_views`.
 Parameters and replicated state must agree bitwise after every step, for 1-bit LAMB with DeepSpeed's
-exchange, with per-row scales (embedding rows, position mask, exact vectors) and with the preconditioned
-exchange (`precondition`), local momenta (`local_momentum`), per-column and vector-block scales, scales
-sent in bfloat16 (`scale_dtype`), NVLAMB's warmup with live vector variance and variance refreshes
-(`variance_refresh`: exact steps inside the compression stage), and for 1-bit Adam;
+exchange, with per-column scales (embedding rows, position mask, exact vectors), the preconditioned
+exchange (`precondition`), scales sent in bfloat16 (`scale_dtype`), NVLAMB's warmup with live vector
+variance and the variance refresh (`variance_refresh`), and for 1-bit Adam;
 a checkpoint taken in the compression stage resumes bitwise in fresh processes.
 """
 
@@ -31,64 +30,28 @@ VOCAB, USED = 40, 30
 PER_COLUMN = dict(compression="per_column", sign_scale="mean_abs", trust_ratio="live", precondition=True)
 NVLAMB = {**PER_COLUMN, "exact_vectors": True, "warmup": "nvlamb", "eps": 1e-6}
 CONFIGS = {
+    # optim=onebit_lamb_deepspeed's algorithm (OnebitLamb's defaults)
     "deepspeed": ("onebit_lamb", dict(compression="deepspeed")),
-    "per_row": ("onebit_lamb", dict(compression="per_row", exact_vectors=True, coeff_bias_correction=True)),
-    "per_row_mean_abs": ("onebit_lamb", dict(compression="per_row", sign_scale="mean_abs")),
-    "adam_per_tensor": ("onebit_adam", dict(compression="per_tensor")),
-    "preconditioned": (
-        "onebit_lamb",
-        dict(compression="per_row", sign_scale="mean_abs", trust_ratio="live", precondition=True),
-    ),
-    "adam_preconditioned": ("onebit_adam", dict(compression="per_tensor", precondition=True)),
-    "local_momentum": (
-        "onebit_lamb",
-        dict(
-            compression="per_row",
-            sign_scale="mean_abs",
-            trust_ratio="live",
-            precondition=True,
-            local_momentum=True,
-        ),
-    ),
-    "adam_local_momentum": ("onebit_adam", dict(compression="per_tensor", local_momentum=True)),
-    # the 16-element vectors: 3 blocks of 5 and a remainder of 1; the 4: one
-    "per_column": ("onebit_lamb", {**PER_COLUMN, "vector_block": 5}),
-    "adam_per_column": ("onebit_adam", dict(compression="per_column", vector_block=3)),
-    # exact vectors with their per-element scales sent in bfloat16 (the config default)
+    # per-column and per-row scales (embedding rows, position mask) under the frozen coefficient rule
+    "per_column_mean_abs": ("onebit_lamb", dict(compression="per_column", sign_scale="mean_abs")),
+    "per_column_exact_vectors": ("onebit_lamb", dict(compression="per_column", exact_vectors=True)),
+    "adam_per_column": ("onebit_adam", dict(compression="per_column")),
+    "preconditioned": ("onebit_lamb", PER_COLUMN),
+    "adam_preconditioned": ("onebit_adam", dict(compression="per_column", precondition=True)),
+    # exact vectors with their per-element scales sent in bfloat16
     "per_column_bfloat16": ("onebit_lamb", {**PER_COLUMN, "exact_vectors": True, "scale_dtype": "bfloat16"}),
     # the warmup as NVLAMB: pre-normalized gradients, then the frozen factor on each worker's own gradient
-    "nvlamb": (
-        "onebit_lamb",
-        {**PER_COLUMN, "exact_vectors": True, "scale_dtype": "bfloat16", "warmup": "nvlamb", "eps": 1e-6},
-    ),
+    "nvlamb": ("onebit_lamb", {**NVLAMB, "scale_dtype": "bfloat16"}),
     # and the 1-D tensors' variance kept live from their exact average (their exchange divisor follows it)
     "nvlamb_live_vectors": (
         "onebit_lamb",
-        {
-            **PER_COLUMN,
-            "exact_vectors": True,
-            "scale_dtype": "bfloat16",
-            "warmup": "nvlamb",
-            "eps": 1e-6,
-            "live_vector_variance": True,
-        },
+        {**NVLAMB, "scale_dtype": "bfloat16", "live_vector_variance": True},
     ),
-    # and every 2nd compression step exact, refreshing the variance (steps 5, 7, 9; the resume at 6 crosses)
-    "nvlamb_variance_refresh": (
+    # optim=onebit_lamb's algorithm: and the variance refreshed every 2nd compression step from the
+    # workers' row and column sums of g² (steps 4+5 -> 5, 6+7 -> 7; the resume at 6 carries step 6's sums)
+    "onebit_lamb": (
         "onebit_lamb",
         {**NVLAMB, "scale_dtype": "bfloat16", "live_vector_variance": True, "variance_refresh": 2},
-    ),
-    # the refresh from every worker's own squared gradients (steps 4+5 -> 5, 6+7 -> 7; the resume at 6
-    # carries step 6's squares in the checkpoint)
-    "nvlamb_refresh_local": ("onebit_lamb", {**NVLAMB, "variance_refresh": 2, "refresh_from": "local"}),
-    # the same with each matrix's row and column sums only (v rescaled by them)
-    "nvlamb_refresh_factored": ("onebit_lamb", {**NVLAMB, "variance_refresh": 2, "refresh_from": "factored"}),
-    # the same rebuilt as r·cᵀ/Σr and folded into v
-    "nvlamb_refresh_rank1": ("onebit_lamb", {**NVLAMB, "variance_refresh": 2, "refresh_from": "rank1"}),
-    # the same with sums over blocks of 16 elements, sent in bfloat16 (v rescaled block by block)
-    "nvlamb_refresh_blocks": (
-        "onebit_lamb",
-        {**NVLAMB, "variance_refresh": 2, "refresh_from": "blocks", "refresh_block": 16},
     ),
 }
 
@@ -100,7 +63,7 @@ def _build(config: str, virtual_workers: int):
     model = _model(VOCAB)
     embedding, *rest = model.parameters()
     mask = (torch.arange(VOCAB) < USED).float().unsqueeze(1)
-    row_scales = options.get("compression") in ("per_row", "per_column")
+    row_scales = options.get("compression") == "per_column"
     groups = [
         {"params": [p for p in rest if p.dim() > 1], "weight_decay": 0.01},
         {"params": [p for p in rest if p.dim() == 1], "weight_decay": 0.0},

@@ -42,18 +42,7 @@ COMMON = [
 RUNS = {
     "lamb": ["optim=lamb"],
     "onebit_lamb": ["optim=onebit_lamb", "optim.variance_refresh=4"],
-    "onebit_lamb_deepspeed": [
-        "optim=onebit_lamb",
-        "optim.warmup=deepspeed",
-        "optim.live_vector_variance=false",
-        "optim.compression=deepspeed",
-        "optim.sign_scale=rms",
-        "optim.trust_ratio=frozen",
-        "optim.precondition=false",
-        "optim.exact_vectors=false",
-        "optim.scale_dtype=float32",
-        "optim.variance_refresh=0",
-    ],
+    "onebit_lamb_deepspeed": ["optim=onebit_lamb_deepspeed"],
 }
 
 

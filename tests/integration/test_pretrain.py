@@ -103,12 +103,11 @@ def expected_exchange_bytes(cfg, vocab_size: int, world_size: int) -> float:
     params = [p for group in groups for p in group["params"]]
     row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
     padded = padded_numel(sum(p.numel() for p in params), world_size)
-    exchange = ExchangeOptions(
-        Compression(cfg.optim.compression), cfg.optim.exact_vectors, vector_block=cfg.optim.vector_block
-    )
+    options = cfg.optim.exchange_kwargs()
+    exchange = ExchangeOptions(Compression(options["compression"]), options["exact_vectors"])
     layout = exchange.layout(params, row_scaled, padded, world_size)
     assert layout is not None
-    scale_bytes = ScaleDtype(cfg.optim.scale_dtype).bytes
+    scale_bytes = ScaleDtype(options["scale_dtype"]).bytes
     return compressed_call_traffic(
         padded, world_size, segments=layout.total_chunk_segments, scale_bytes=scale_bytes
     ).compressed_bytes

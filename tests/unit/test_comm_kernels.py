@@ -397,7 +397,7 @@ def test_a_source_tensor_that_cuts_a_segment_is_refused():
 
 @pytest.mark.parametrize("grad_scale", [1.0, 0.37])
 def test_the_worker_pass_sums_the_square_marginals_as_their_own_loop_does(grad_scale):
-    """A source with square marginals (1-bit LAMB's refresh_from=factored/rank1): the fused pass adds each
+    """A source with square marginals (1-bit LAMB's variance refresh): the fused pass adds each
     matrix's row and column sums of (s·g)² bit for bit as `marginals.add_square_marginals` does on its own
     (a row-major matrix with a scale per row, a column-major one with a scale per column, the pad after), and
     the torch kernels' unfused way (the source's `fill`) adds the same; the error and scales are unchanged by

@@ -450,57 +450,65 @@ def test_report_paths_are_relative_to_the_repository(tmp_path):
 
 
 def test_arms_group_by_exchange_variant_and_workers(tmp_path: Path):
-    """1-bit runs that differ in their exchange or in the number of (simulated) workers are separate groups;
-    each is compared with plain LAMB at the same batch (LAMB at any number of workers), never with a LAMB
-    variant, which gets its own gap."""
-    remedy = {"compression": "per_row", "sign_scale": "mean_abs", "trust_ratio": "live"}
+    """1-bit runs that differ in their preset, their options or in the number of (simulated) workers are
+    separate groups; each is compared with plain LAMB at the same batch (LAMB at any number of workers),
+    never with a LAMB variant, which gets its own gap."""
     write_run(tmp_path, "lamb-s1", "lamb", 1, LAMB_1)
     write_run(
         tmp_path, "lamb-ds-s1", "lamb", 1, LAMB_2, optim={"variant": "deepspeed", "bias_correction": False}
     )
     write_run(tmp_path, "lamb-bf16-s1", "lamb", 1, LAMB_2, optim={"grad_allreduce": "bfloat16"})
-    write_run(tmp_path, "ds-s1", "onebit_lamb", 1, ONEBIT_1, optim={"compression": "deepspeed"})
-    write_run(tmp_path, "remedy-s1", "onebit_lamb", 1, ONEBIT_2, optim=remedy)
-    write_run(tmp_path, "remedy-sim-s1", "onebit_lamb", 1, ONEBIT_1, optim=remedy, sim_world_size=16)
-    local = {**remedy, "precondition": True, "local_momentum": True}
-    write_run(tmp_path, "local-s1", "onebit_lamb", 1, ONEBIT_2, optim=local)
+    write_run(tmp_path, "ds-s1", "onebit_lamb_deepspeed", 1, ONEBIT_1)
+    write_run(tmp_path, "default-s1", "onebit_lamb", 1, ONEBIT_2)
+    write_run(tmp_path, "default-sim-s1", "onebit_lamb", 1, ONEBIT_1, sim_world_size=16)
+    write_run(tmp_path, "frozen-v-s1", "onebit_lamb", 1, ONEBIT_2, optim={"variance_refresh": 0})
     runs = {run.name: run for run in load_local_runs(["*"], root=tmp_path)}
-    assert runs["local-s1"].arm == (
-        "onebit_lamb[per_row+precondition+local_momentum+sign_scale=mean_abs+trust_ratio=live] n2"
-    )
-    assert runs["ds-s1"].arm == "onebit_lamb n2"
-    assert runs["remedy-s1"].arm == "onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live] n2"
-    assert runs["remedy-sim-s1"].arm.endswith("] n32 sim")
+    assert runs["ds-s1"].arm == "onebit_lamb_deepspeed n2"
+    assert runs["default-s1"].arm == "onebit_lamb n2"
+    assert runs["default-sim-s1"].arm == "onebit_lamb n32 sim"
+    assert runs["frozen-v-s1"].arm == "onebit_lamb[variance_refresh=0] n2"
     assert runs["lamb-ds-s1"].arm == "lamb[deepspeed+no_bias_correction] n2"
     assert runs["lamb-bf16-s1"].arm == "lamb[grad_allreduce=bfloat16] n2"  # a LAMB variant: its own gap
     summary = summary_of(list(runs.values()))
     assert len(summary["groups"]) == 7
     gaps = {gap["group"]: gap for gap in summary["gaps"]}
     assert len(gaps) == 6 and all(gap["reference"] == "lamb n2 b8 bert_tiny" for gap in gaps.values())
-    sim = gaps["onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live] n32 sim b8 bert_tiny"]
+    sim = gaps["onebit_lamb n32 sim b8 bert_tiny"]
     assert sim["final_mlm_loss_gap_pct"] == pytest.approx(100 * ((6.6 + 5.9) / 2 - 5.5) / 5.5)
 
 
-def test_the_nvlamb_warmup_names_its_arm_without_its_own_eps(tmp_path: Path):
-    nvlamb = {"compression": "per_row", "sign_scale": "mean_abs", "trust_ratio": "live", "warmup": "nvlamb"}
-    for name, eps in (("nv-s1", 1e-6), ("nv-eps-s1", 1e-8)):
-        write_run(tmp_path, name, "onebit_lamb", 1, ONEBIT_1, optim={**nvlamb, "eps": eps})
-    runs = {run.name: run for run in load_local_runs(["*"], root=tmp_path)}
-    assert runs["nv-s1"].arm == "onebit_lamb[per_row+sign_scale=mean_abs+trust_ratio=live+warmup=nvlamb] n2"
-    assert "eps=1e-08" in runs["nv-eps-s1"].arm
+# the options an older run's config.yaml held for optim=onebit_lamb (every arm of the study was a key)
+OLD_DEFAULT = {
+    "compression": "per_column", "exact_vectors": True, "exact_output_bias": False, "precondition": True,
+    "local_momentum": False, "vector_block": 0, "scale_dtype": "bfloat16", "sign_scale": "mean_abs",
+    "coeff_bias_correction": False, "trust_ratio": "live", "factor_min": 0.5, "factor_max": 4.0,
+    "block_size": 2048, "min_coeff": 0.01, "eps": None, "warmup": "nvlamb", "max_grad_norm": 1.0,
+    "live_vector_variance": True, "variance_refresh": 64, "refresh_from": "rank1", "refresh_block": 128,
+}  # fmt: skip
+OLD_DEEPSPEED = {
+    **OLD_DEFAULT, "compression": "deepspeed", "exact_vectors": False, "precondition": False,
+    "scale_dtype": "float32", "sign_scale": "rms", "trust_ratio": "frozen", "warmup": "deepspeed",
+    "live_vector_variance": False, "variance_refresh": 0,
+}  # fmt: skip
 
 
-def test_the_refresh_source_names_no_arm_without_a_refresh(tmp_path: Path):
-    """DeepSpeed's algorithm run before and after the default refresh source changed (variance_refresh=0 in
-    both) is one arm; with a refresh the source names it."""
-    write_run(tmp_path, "ds-s1", "onebit_lamb", 1, ONEBIT_1, optim={"compression": "deepspeed"})
-    pinned = {"compression": "deepspeed", "variance_refresh": 0, "refresh_from": "rank1"}
-    write_run(tmp_path, "ds-s2", "onebit_lamb", 2, ONEBIT_2, optim=pinned)
-    refreshed = {"compression": "per_row", "variance_refresh": 64, "refresh_from": "rank1"}
-    write_run(tmp_path, "k64-s1", "onebit_lamb", 1, ONEBIT_1, optim=refreshed)
+def test_older_runs_are_named_by_the_preset_they_ran(tmp_path: Path):
+    """A run from before the presets holds every option: the default and DeepSpeed's algorithm are named
+    `onebit_lamb` and `onebit_lamb_deepspeed`, an ablation by what it changed against the nearer one, and a
+    config from before an option existed counts it as absent (DeepSpeed's value)."""
+    write_run(tmp_path, "default-s1", "onebit_lamb", 1, ONEBIT_1, optim=OLD_DEFAULT)
+    write_run(tmp_path, "ds-s1", "onebit_lamb", 1, ONEBIT_1, optim=OLD_DEEPSPEED)
+    write_run(tmp_path, "ds-older-s1", "onebit_lamb", 1, ONEBIT_1, optim={"compression": "deepspeed"})
+    local = {**OLD_DEFAULT, "refresh_from": "local"}
+    write_run(tmp_path, "local-s1", "onebit_lamb", 1, ONEBIT_2, optim=local)
+    rows = {**OLD_DEFAULT, "compression": "per_row", "exact_vectors": False, "variance_refresh": 0}
+    write_run(tmp_path, "rows-s1", "onebit_lamb", 1, ONEBIT_2, optim=rows)
     runs = {run.name: run for run in load_local_runs(["*"], root=tmp_path)}
-    assert runs["ds-s1"].arm == runs["ds-s2"].arm == "onebit_lamb n2"
-    assert runs["k64-s1"].arm == "onebit_lamb[per_row+variance_refresh=64+refresh_from=rank1] n2"
+    assert runs["default-s1"].arm == "onebit_lamb n2"
+    assert runs["ds-s1"].arm == runs["ds-older-s1"].arm == "onebit_lamb_deepspeed n2"
+    assert runs["local-s1"].arm == "onebit_lamb[refresh_from=local] n2"
+    assert runs["rows-s1"].arm == "onebit_lamb[compression=per_row+exact_vectors=false+variance_refresh=0] n2"
+    assert runs["ds-s1"].optimizer == "onebit_lamb_deepspeed"
 
 
 def test_a_diverged_run_is_named_and_left_out_of_the_means(tmp_path: Path):

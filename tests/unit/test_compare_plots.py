@@ -15,7 +15,7 @@ from matplotlib.text import Text
 from data.config import REPO_ROOT
 from results.compare import build
 from results.compare.analysis import summarize
-from results.compare.plots import DEEPSPEED_OVERRIDES, figures, naming
+from results.compare.plots import figures, naming
 from results.compare.runs import FinetuneResult, Run, load_local_runs
 
 BATCH = 8
@@ -208,10 +208,7 @@ def write_run(root: Path, name: str, optim: dict) -> None:
 def test_the_shipped_configs_are_the_main_comparison(tmp_path: Path):
     """LAMB, AdamW, 1-bit LAMB's default and DeepSpeed's algorithm, each as the shipped config runs it, get
     their short names; one changed option makes an ablation."""
-    if (REPO_ROOT / "conf" / "optim" / "onebit_lamb_deepspeed.yaml").is_file():
-        deepspeed = shipped("onebit_lamb_deepspeed")
-    else:  # DeepSpeed's algorithm as options of 1-bit LAMB
-        deepspeed = {**shipped("onebit_lamb"), **DEEPSPEED_OVERRIDES, "eps": 1e-8}
+    deepspeed = shipped("onebit_lamb_deepspeed")
     for name, optim in {
         "lamb": shipped("lamb"),
         "adamw": shipped("adamw"),

@@ -84,13 +84,9 @@ def test_ratio_is_one_where_a_norm_is_zero_and_capped_at_max_coeff():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (dict(trust_ratio="frozen", precondition=True), "trust_ratio=live"),
+        (dict(trust_ratio="frozen", precondition=True), "live trust ratio"),
         (dict(trust_ratio="live", precondition=False), "precondition=true"),
         (dict(trust_ratio="live", precondition=True, virtual_workers=2), "one worker per process"),
-        (
-            dict(trust_ratio="live", precondition=True, local_momentum=True),
-            "local_momentum=false",
-        ),
     ],
 )
 def test_compile_refuses_what_it_cannot_run(options, message):
@@ -99,10 +95,7 @@ def test_compile_refuses_what_it_cannot_run(options, message):
 
 
 def test_unsupported_reason_none_for_the_default():
-    assert (
-        unsupported_reason(trust_ratio_live=True, precondition=True, virtual_workers=1, local_momentum=False)
-        is None
-    )
+    assert unsupported_reason(trust_ratio_live=True, precondition=True, virtual_workers=1) is None
 
 
 def test_the_live_step_from_the_divisors_is_the_same_step():

@@ -309,7 +309,7 @@ def test_one_process_onebit_lamb_takes_the_refresh_marginals_in_its_momentum_loo
             optimizer = OnebitLamb(
                 [{"params": params}], lr=1e-3, freeze_step=1, coeff_beta=0.5, compression="per_column",
                 precondition=True, trust_ratio="live", exact_vectors=True, warmup="nvlamb",
-                live_vector_variance=True, variance_refresh=2, refresh_from="rank1",
+                live_vector_variance=True, variance_refresh=2,
             )  # fmt: skip
             for _ in range(7):  # the warmup, then six compression steps (three refreshes)
                 for p in params:

@@ -17,6 +17,7 @@ from pretrain.optim import (
     OnebitAdamConfig,
     OnebitLamb,
     OnebitLambConfig,
+    OnebitLambDeepspeedConfig,
     build_optimizer,
     needs_gradient_allreduce,
     param_groups,
@@ -62,20 +63,13 @@ def test_misspelt_key_fails_at_composition():
         (lambda: OnebitLambConfig(freeze_step=0), "optim.freeze_step must be >= 1"),
         (lambda: LambConfig(lr=0.0), "optim.lr must be > 0"),
         (lambda: LambConfig(min_coeff=1.0, max_coeff=0.5), "optim.min_coeff"),
-        (lambda: OnebitLambConfig(coeff_beta=1.0), "optim.coeff_beta"),
-        (
-            lambda: OnebitLambConfig(local_momentum=True, trust_ratio="frozen", warmup="deepspeed"),
-            "optim.local_momentum",
-        ),
-        (lambda: OnebitLambConfig(trust_ratio="frozen"), "optim.warmup nvlamb needs"),
+        (lambda: OnebitLambDeepspeedConfig(coeff_beta=1.0), "optim.coeff_beta"),
+        (lambda: OnebitLambDeepspeedConfig(min_coeff=1.0, max_coeff=0.5), "optim.min_coeff"),
+        (lambda: OnebitLambDeepspeedConfig(factor_min=0.0), "optim.factor_min"),
         (lambda: OnebitLambConfig(variance_refresh=1), "optim.variance_refresh must be 0"),
-        (lambda: OnebitLambConfig(variance_refresh=8, local_momentum=True), "optim.variance_refresh needs"),
-        (lambda: OnebitLambConfig(refresh_block=1), "optim.refresh_block must be >= 2"),
-        # the default refreshes the variance (rank1, K = 64): DeepSpeed's frozen ratio needs it off
-        (
-            lambda: OnebitLambConfig(trust_ratio="frozen", warmup="deepspeed"),
-            "optim.variance_refresh=0 turns",
-        ),
+        (lambda: OnebitLambConfig(max_coeff=0.0), "optim.max_coeff"),
+        (lambda: OnebitLambConfig(max_grad_norm=-1.0), "optim.max_grad_norm"),
+        (lambda: OnebitLambDeepspeedConfig(name="onebit_lamb"), "optim.name"),
         (lambda: OnebitAdamConfig(beta2=1.0), "optim.beta2"),
         (lambda: OnebitAdamConfig(name="onebit_lamb"), "optim.name"),
     ],
@@ -148,25 +142,13 @@ def test_build_optimizer_rejects_unknown_names_and_wrong_configs(bert):
     assert isinstance(build_optimizer("onebit_lamb", OnebitLambConfig(), param_groups(bert)), OnebitLamb)
 
 
-def test_exact_output_bias_gets_a_row_scaled_group_of_its_own(bert):
-    groups = param_groups(bert, 0.01, max_seq_length=10, row_scales=True, exact_output_bias=True)
-    names = {id(p): n for n, p in bert.named_parameters()}
-    (bias_group,) = [g for g in groups if [names[id(p)] for p in g["params"]] == ["cls.predictions.bias"]]
-    assert bias_group["row_scales"] and bias_group["weight_decay"] == 0.0
-    assert not any("cls.predictions.bias" in names[id(p)] for p in groups[1]["params"])
-    # without row scales the flag changes nothing: the layout stays DeepSpeed's
-    plain = param_groups(bert, 0.01, max_seq_length=10, exact_output_bias=True)
-    assert len(plain) == 3
-
-
 def test_a_row_scaled_vector_is_averaged_element_by_element():
     from pretrain.optim.onebit import Compression, ExchangeOptions
 
     bias, matrix = torch.zeros(6), torch.zeros(3, 4)
-    blocks = ExchangeOptions(Compression.per_row).blocks([matrix, bias], {id(bias), id(matrix)}, pad=2)
+    blocks = ExchangeOptions(Compression.per_column).blocks([matrix, bias], {id(bias), id(matrix)}, pad=2)
     assert [(b.numel, b.row_length) for b in blocks] == [(12, 4), (6, 1), (2, 2)]
-    blocks = ExchangeOptions(Compression.per_row).blocks([matrix, bias], set(), pad=0)
-    assert [(b.numel, b.row_length) for b in blocks] == [(12, 12), (6, 6)]
+    assert ExchangeOptions(Compression.deepspeed).blocks([matrix, bias], set(), pad=0) is None
 
 
 def test_per_column_gives_every_other_matrix_a_scale_per_column():
@@ -178,32 +160,10 @@ def test_per_column_gives_every_other_matrix_a_scale_per_column():
     # the embedding keeps a scale per row; the matrix travels transposed: 4 columns of 3 elements
     assert [(b.numel, b.row_length) for b in blocks] == [(20, 4), (12, 3), (6, 6), (2, 2)]
     assert options.transposed([embedding, matrix, bias], {id(embedding)}) == [False, True, False]
-    assert Compression.per_column.row_scales and not Compression.per_tensor.row_scales
-
-
-def test_vector_block_gives_the_vectors_a_scale_per_block():
-    from pretrain.optim import OnebitLamb
-    from pretrain.optim.onebit import Compression, ExchangeOptions
-
-    embedding, matrix, bias, gain = torch.zeros(5, 4), torch.zeros(3, 4), torch.zeros(10), torch.zeros(3)
-    options = ExchangeOptions(Compression.per_column, vector_block=4)
-    blocks = options.blocks([embedding, matrix, bias, gain], {id(embedding)}, pad=1)
-    # 10 = two blocks of 4 and a remainder of 2 with its own scale; 3 <= 4: one scale; matrices unchanged
-    assert [(b.numel, b.row_length) for b in blocks] == [(20, 4), (12, 3), (8, 4), (2, 2), (3, 3), (1, 1)]
-    # exact_vectors (a scale per element) takes precedence; deepspeed keeps its own layout
-    exact = ExchangeOptions(Compression.per_row, exact_vectors=True, vector_block=4)
-    assert [(b.numel, b.row_length) for b in exact.blocks([bias], set(), pad=0)] == [(10, 1)]
-    assert ExchangeOptions(Compression.deepspeed, vector_block=4).blocks([bias], set(), pad=0) is None
-    with pytest.raises(ValueError, match="vector_block"):
-        OnebitLamb([torch.nn.Parameter(torch.zeros(3))], vector_block=-1)
-
-
-def test_vector_block_config_key_is_checked():
-    from pretrain.optim.config import OnebitLambConfig
-
-    assert OnebitLambConfig(vector_block=16).optimizer_kwargs()["vector_block"] == 16
-    with pytest.raises(ValueError, match="vector_block"):
-        OnebitLambConfig(vector_block=-2)
+    assert Compression.per_column.row_scales and not Compression.deepspeed.row_scales
+    # exact_vectors: the 1-D tensors with one scale per element
+    exact = ExchangeOptions(Compression.per_column, exact_vectors=True)
+    assert [(b.numel, b.row_length) for b in exact.blocks([bias], set(), pad=0)] == [(6, 1)]
 
 
 def test_scale_dtype_reaches_the_compressed_allreduce():
@@ -211,8 +171,8 @@ def test_scale_dtype_reaches_the_compressed_allreduce():
     from pretrain.optim import OnebitLamb
     from pretrain.optim.config import OnebitLambConfig
 
-    assert OnebitLambConfig(scale_dtype="bfloat16").optimizer_kwargs()["scale_dtype"] is ScaleDtype.bfloat16
-    assert OnebitLambConfig().optimizer_kwargs()["scale_dtype"] is ScaleDtype(OnebitLambConfig.scale_dtype)
+    assert OnebitLambConfig().optimizer_kwargs()["scale_dtype"] is ScaleDtype.bfloat16
+    assert OnebitLambDeepspeedConfig().optimizer_kwargs()["scale_dtype"] is ScaleDtype.float32
     optimizer = OnebitLamb([torch.nn.Parameter(torch.zeros(3))], scale_dtype="bfloat16")
     assert optimizer.exchange.scale_dtype is ScaleDtype.bfloat16 and ScaleDtype.bfloat16.bytes == 2
     with pytest.raises(ValueError, match="float16"):
@@ -222,13 +182,30 @@ def test_scale_dtype_reaches_the_compressed_allreduce():
 def test_changed_options_name_what_a_resume_changes():
     from pretrain.optim.config import OnebitLambConfig
 
-    saved = OnebitLambConfig(warmup="deepspeed", live_vector_variance=False).options()
-    assert saved["warmup"] == "deepspeed" and saved["eps"] == "1e-08"
+    saved = OnebitLambConfig(variance_refresh=0, max_coeff=0.3).options()
+    assert saved["variance_refresh"] == "0" and saved["eps"] == "1e-06"
     changed = OnebitLambConfig().changed_options(saved)
-    assert sorted(changed) == [
-        "eps 1e-08 -> 1e-06",
-        "live_vector_variance False -> True",
-        "warmup deepspeed -> nvlamb",
-    ]
+    assert sorted(changed) == ["max_coeff 0.3 -> 10.0", "variance_refresh 0 -> 64"]
     assert OnebitLambConfig().changed_options(OnebitLambConfig().options()) == []
     assert OnebitLambConfig().changed_options(None) == []  # a checkpoint from before the record
+
+
+def test_the_two_presets_build_the_two_algorithms():
+    """optim=onebit_lamb_deepspeed is DeepSpeed's algorithm (OnebitLamb's own defaults); optim=onebit_lamb
+    is this project's, whatever the user tunes."""
+    from pretrain.optim.onebit import Compression, ExchangeOptions
+    from pretrain.optim.onebit_lamb import TrustRatio, Warmup
+
+    def build(name, config):
+        return build_optimizer(name, config, [{"params": [torch.nn.Parameter(torch.zeros(3, 2))]}])
+
+    deepspeed = build("onebit_lamb_deepspeed", OnebitLambDeepspeedConfig())
+    defaults = OnebitLamb([torch.nn.Parameter(torch.zeros(3, 2))])
+    assert deepspeed.exchange == defaults.exchange == ExchangeOptions()
+    assert (deepspeed.warmup, deepspeed.trust_ratio) == (defaults.warmup, defaults.trust_ratio)
+    assert deepspeed.variance_refresh == 0 and not deepspeed.live_vector_variance
+    ours = build("onebit_lamb", OnebitLambConfig(variance_refresh=16, max_coeff=0.3))
+    assert ours.exchange.compression is Compression.per_column and ours.exchange.precondition
+    assert ours.exchange.exact_vectors and ours.exchange.scale_dtype.value == "bfloat16"
+    assert (ours.warmup, ours.trust_ratio) == (Warmup.nvlamb, TrustRatio.live)
+    assert ours.live_vector_variance and ours.variance_refresh == 16 and ours.max_coeff == 0.3
