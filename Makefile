@@ -12,6 +12,7 @@ CONSTRAINTS ?= constraints.txt
 PIP_C       := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP       := $(VENV)/.setup-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
+DOCS_STAMP  := $(VENV)/.docs-stamp
 comma       := ,
 
 DATA   ?=
@@ -34,7 +35,7 @@ PYTEST_ARGS ?=
 SLOW   ?= 0
 PYTEST_MARK := $(if $(filter 0,$(SLOW)),-m "not slow",)
 
-.PHONY: help setup demo test test-gpu gpu-check lint prepare preflight pretrain finetune compare dashboard bench bench-net reliability clean-prepared
+.PHONY: help setup demo test test-gpu gpu-check lint prepare preflight pretrain finetune compare dashboard bench bench-net reliability docs clean-prepared
 
 help:
 	@echo "make demo      whole pipeline at tiny scale on ../shared/data (creates .venv)"
@@ -51,6 +52,7 @@ help:
 	@echo "make gpu-check one CUDA GPU: packers, 1-bit allreduce, optimizer steps, BERT-Large MFU, pipeline -> results/bench/gpu.json"
 	@echo "make test-gpu  tests marked gpu; NPROC=N (>= 2 GPUs): the compressed allreduce and demo pretraining over NCCL"
 	@echo "make lint      ruff + mypy"
+	@echo "make docs      the documentation site (mkdocs build --strict) -> site/"
 
 setup: $(STAMP)
 
@@ -159,6 +161,14 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench $(ARGS)
+
+# the docs extra (mkdocs, mkdocs-material), installed once; figures come from results/bench/*.json (docs/hooks.py)
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q $(PIP_C) -e ".[dev,docs]"
+	@touch $@
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 # needs root (network namespaces, veth, tc); ARGS=--quick for the seconds-long variant (*_quick.json,
 # no scaling report). launch/netns.sh cleanup removes what a killed run left.
