@@ -12,7 +12,7 @@ Writes results/bench/comm.json. Records:
 - ``compressed_allreduce_seconds_n2``: wall time of one compressed call on the large buffer vs a
   plain gloo fp32 ``dist.all_reduce`` (+ division by n) of the same buffer, alternated in the same
   processes, one thread each. On loopback the wire is nearly free, so this measures the compute
-  cost of compression; the saving shows on bandwidth-limited networks (spec §7, DeepSpeed #2305).
+  cost of compression; the saving shows on bandwidth-limited networks (docs/benchmarks.md; DeepSpeed #2305).
 - ``compression_ns_per_element_n2``: the same compressed call per buffer element, with the fused numba
   passes (the CPU default, ``pretrain/comm/kernels.py``) against the torch-op passes (the reference),
   timed alternately in the same processes. Target <= 2.5 ns (issue #15).

@@ -3,7 +3,7 @@
 Every step the trainer asks the scaler whether ANY rank's gradients hold Inf/NaN; the flag is
 MAX-allreduced so every rank skips the same steps. In the 1-bit compression stage gradients are not
 averaged, so one rank can go non-finite alone: deciding locally would desynchronize the ranks (the next
-collective hangs, spec §5.3) and stepping would spread NaN into every replica's momentum. The check
+collective hangs, docs/pretraining.md) and stepping would spread NaN into every replica's momentum. The check
 reuses the gradient norm the metrics report, so it costs one small allreduce per step.
 fp16 uses `DynamicLossScaler`; bf16 and fp32 use `NoScaler` (the check without scaling).
 """

@@ -204,7 +204,7 @@ class Trainer:
         with self.ddp.no_sync() if not sync_gradients else nullcontext():
             with autocast_context(self.env.device, self.precision.value):
                 mlm, nsp, correct, masked = self.ddp(**batch)
-            # the mean over this rank's micro-batches (spec §5.2), in every stage
+            # the mean over this rank's micro-batches (docs/pretraining.md, "Optimizers"), in every stage
             self.scaler.scale_loss((mlm + nsp) / accumulation).backward()
         return torch.stack([mlm.detach(), nsp.detach(), correct, masked, batch["attention_mask"].sum()])
 

@@ -1,4 +1,4 @@
-"""1-bit compressed communication for the 1-bit optimizers (spec §2).
+"""1-bit compressed communication for the 1-bit optimizers (docs/onebit-lamb.md, "The compressed allreduce").
 
 - :class:`CompressedAllreduce`: error-feedback 1-bit averaging of one flat fp32 buffer, in place,
   over any process group; pad the buffer with :func:`padded_numel`.

@@ -1,6 +1,7 @@
-"""Error-compensated 1-bit compressed allreduce (spec §2), over any torch.distributed process group.
+"""Error-compensated 1-bit compressed allreduce over any torch.distributed process group
+(docs/onebit-lamb.md).
 
-How an optimizer uses it (1-bit LAMB / 1-bit Adam compression stage, spec §3.5 d):
+How an optimizer uses it (1-bit LAMB / 1-bit Adam compression stage, docs/onebit-lamb.md):
 
 1. Put everything to be averaged in ONE flat, contiguous fp32 buffer of ``padded_numel(total, n)``
    elements (the momenta as views into it, zeros in the pad) and build one
@@ -13,7 +14,7 @@ How an optimizer uses it (1-bit LAMB / 1-bit Adam compression stage, spec §3.5 
    ``reset_on_mismatch=True`` to zero the errors with a logged warning instead).
 
 Never call it with non-finite values: a NaN or inf poisons the persistent error buffers (the scales
-become NaN); skip the step on all ranks first (spec §5.3), or ``reset_errors()`` afterwards.
+become NaN); skip the step on all ranks first (docs/pretraining.md), or ``reset_errors()`` afterwards.
 
 Scales (``layout``, :mod:`pretrain.comm.layout`): by default DeepSpeed's, one scale per worker
 buffer and one per server chunk. ``ScaleLayout.from_blocks`` gives one scale per tensor, or per row
@@ -78,7 +79,7 @@ logger = logging.getLogger(__name__)
 
 
 def pad_multiple(world_size: int) -> int:
-    """DeepSpeed's "divider": ``n · lcm(n, 8)``. Buffers must be a multiple of it (spec §2, §8.2)."""
+    """DeepSpeed's "divider": ``n · lcm(n, 8)``. Buffers must be a multiple of it (docs/onebit-lamb.md)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     return world_size * math.lcm(world_size, BITS_PER_BYTE)
@@ -102,7 +103,8 @@ class CollectiveMode(str, enum.Enum):
     """How the two phases are carried out.
 
     NATIVE: ``all_to_all_single`` + ``all_gather_into_tensor`` (``all_gather_single`` where torch
-    has it): the spec's traffic. ALL_GATHER: only the list form of ``dist.all_gather`` with
+    has it): the documented traffic (docs/onebit-lamb.md). ALL_GATHER: only the list form of
+    ``dist.all_gather`` with
     equal-size tensors, which every backend has had for years; phase 1 then gathers every rank's
     whole packed buffer, (n − 1)·N/8 bytes instead of (n − 1)/n·N/8, with identical results.
     """
@@ -359,7 +361,7 @@ class CompressedAllreduce:
         """Replace ``buffer`` (1-D contiguous fp32, length ``numel``) by its compressed average.
 
         In place; returns ``buffer``. Afterwards it holds, on every rank bitwise alike,
-        ``concat_j s_j · sign(z_j)`` (spec §2 step 6). During the call the buffer is used as
+        ``concat_j s_j · sign(z_j)`` (phase 2 of docs/onebit-lamb.md). During the call the buffer is used as
         scratch, so it must not be read concurrently. Collective: every rank of the group must call.
 
         With k > 1 virtual workers: ``buffer`` is [k, numel] (row w: worker w's values; used as
@@ -393,7 +395,8 @@ class CompressedAllreduce:
         return out
 
     def _compress_worker(self, worker: int, values: torch.Tensor, source: MomentumSource | None) -> None:
-        """Spec §2 steps 1-2: y = x + e_w (held in the error buffer), scales, signs, e_w ← y − Q(y)."""
+        """Worker and pack (docs/onebit-lamb.md): y = x + e_w (held in the error buffer), scales, signs,
+        e_w ← y − Q(y)."""
         error, plan = self.worker_errors[worker], self.worker_plan
         fused = None
         if self.fuse_worker_pass:
@@ -431,7 +434,7 @@ class CompressedAllreduce:
         self.recv_scales.copy_(gathered.view(-1))
 
     def _serve(self, local_chunk: int, scratch: torch.Tensor) -> None:
-        """Spec §2 step 4 for one chunk: z = (1/n) Σ_i Q_i + e_s (worker order), then e_s ← z − Q(z)."""
+        """Server, one chunk (docs/onebit-lamb.md): z = (1/n) Σ_i Q_i + e_s (worker order), e_s ← z − Q(z)."""
         n, chunk = self.world_size, self.local_chunks[local_chunk]
         plan, count = self.chunk_plans[chunk], self.layout.chunk_segments[chunk]
         offset = self._local_offsets[local_chunk]
@@ -543,7 +546,7 @@ class CompressedAllreduce:
             output.copy_(received)
 
     def _decode_output(self, out: torch.Tensor) -> None:
-        """Spec §2 step 6: every chunk decoded from its server's signs and scales."""
+        """Phase 2 (docs/onebit-lamb.md): every chunk decoded from its server's signs and scales."""
         signs = self.gathered_server_packed.view(self.world_size, -1)
         self.kernels.decode_chunks_(
             signs, self.all_server_scales, self.chunk_plans, self.chunk_scale_offsets, out

@@ -1,6 +1,6 @@
 """Byte accounting for the compressed allreduce, so the trainer can log the communication saving.
 
-What is counted (spec §2 "Traffic"): the payload bytes **this rank sends**, under the usual
+What is counted (docs/onebit-lamb.md): the payload bytes **this rank sends**, under the usual
 ring-algorithm cost model, and nothing else (no headers, no TCP/NCCL protocol overhead, no store
 traffic). Per collective, with n ranks:
 

@@ -1,7 +1,7 @@
 """Where one 1-bit scale applies: the scale layout of a flat buffer in the compressed allreduce.
 
 The compressed allreduce sends, for every *segment* of the buffer, one sign per element and one fp32
-scale (spec §2 uses one scale per worker buffer and one per server chunk). A layout lists the
+scale (DeepSpeed uses one scale per worker buffer and one per server chunk). A layout lists the
 segments as *runs*: ``rows`` consecutive segments of ``row_length`` elements each, so that an
 embedding matrix with one scale per row is one run, and a tensor with one scale is a run of one row.
 Runs are what the engine loops over, so a layout costs a few vector operations per run, never a
@@ -9,7 +9,7 @@ Python step per element or per row.
 
 Two kinds:
 
-- :meth:`ScaleLayout.single`: DeepSpeed's layout (spec §2). The worker compresses its whole buffer
+- :meth:`ScaleLayout.single`: DeepSpeed's layout (docs/onebit-lamb.md). The worker compresses its whole buffer
   with ONE scale, and every server chunk is re-compressed with one scale. Every chunk's payload then
   carries that one worker scale.
 - :meth:`ScaleLayout.from_blocks`: one scale per *block* (a tensor, or one row of a row-scaled
@@ -157,7 +157,7 @@ class ScaleLayout:
 
     @classmethod
     def single_scale(cls, numel: int, world_size: int) -> ScaleLayout:
-        """DeepSpeed's layout (spec §2)."""
+        """DeepSpeed's layout (docs/onebit-lamb.md)."""
         chunk_numel = numel // world_size if world_size else 0
         return cls(numel, world_size, [[Run(0, 1, chunk_numel)] for _ in range(world_size)], single=True)
 

@@ -12,8 +12,8 @@ tensors) :func:`_torch_abs_row_sums` writes |x| into a 1 MiB scratch and sums it
 differ from numba's in the last place. Both are the more accurate sum: ATen's 1-norm accumulates a long
 row naively in fp32 (4 % off over 55M elements, a BERT-Large chunk of the single-scale layout), these stay
 within 1e-7. Every kernel implementation takes its scales from here, so on one machine they agree bit for
-bit. The 2-norm (``rms``, DeepSpeed's) stays ``vector_norm`` everywhere: it is vectorised, and it is spec
-§2's expression.
+bit. The 2-norm (``rms``, DeepSpeed's) stays ``vector_norm`` everywhere: it is vectorised, and it is
+DeepSpeed's expression.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""1-bit sign packing: 8 signs per byte, most-significant bit first (spec §2 step 2, §8.1).
+"""1-bit sign packing: 8 signs per byte, most-significant bit first (docs/onebit-lamb.md).
 
 Bit layout: element ``8k + j`` of the flat input becomes bit ``7 − j`` of byte ``k``, the same layout
 as ``numpy.packbits``/``cupy.packbits`` with the default ``bitorder="big"``.
@@ -7,7 +7,7 @@ Sign convention: a bit is 1 where ``x >= 0`` and 0 elsewhere. Hence +0.0 **and �
 (decoded as +1), matching DeepSpeed's NCCL/cupy path (its XPU kernel uses ``signbit`` and differs on
 −0.0 only). **NaN packs to 0** (decoded as −1) because every comparison with NaN is false; a NaN input
 makes the compressed allreduce's scale NaN anyway, so callers must skip non-finite steps before
-communicating (spec §5.3) rather than rely on the sign of a NaN.
+communicating (docs/pretraining.md, "Optimizers") rather than rely on the sign of a NaN.
 
 Two packers give identical bytes: the pure-torch one (CPU and CUDA) and, on CUDA when cupy imports, a
 cupy one. ``get_packer(device)`` is the only place that chooses between them. Packer objects keep

@@ -98,7 +98,7 @@ class RunPlan:
         if not self.root:
             segment_abs_sums(values, self.table, out)
             return out.div_(self.segment_divisors)
-        if self.one_segment:  # the expression of spec §2 (and of DeepSpeed), for bitwise parity
+        if self.one_segment:  # DeepSpeed's expression (docs/onebit-lamb.md), for bitwise parity
             (run,) = self.runs
             norm = torch.linalg.vector_norm(values[run.start : run.end], self.order)
             return out.copy_((norm / self.divisor(run.row_length)).reshape(1))

@@ -1,4 +1,4 @@
-"""Slow single-process model of the compressed allreduce (spec §2) that simulates n workers.
+"""Slow single-process model of the compressed allreduce (docs/onebit-lamb.md) that simulates n workers.
 
 For tests only. It keeps one worker error per simulated rank and one server error per chunk, and
 spells the algorithm out with explicit loops over ranks, segments and plain ±1 sign tensors (no bit
@@ -34,7 +34,7 @@ class Quantized:
 
 
 def quantize(values: torch.Tensor, sign_scale: str = "rms", scale_dtype: str = "float32") -> Quantized:
-    """The 1-bit quantizer with one scale for the whole tensor (spec §2 "Quantizer"); ``mean_abs``
+    """The 1-bit quantizer with one scale for the whole tensor (DeepSpeed's); ``mean_abs``
     takes ‖y‖₁/len instead of ‖y‖₂/√len; ``scale_dtype="bfloat16"`` rounds the scale to bfloat16
     (what travels), and the error is taken against the rounded scale."""
     if sign_scale == "rms":

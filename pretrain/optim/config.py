@@ -3,7 +3,8 @@ registers each as `<name>_schema` in Hydra's ConfigStore, group `optim`.
 
 `conf/optim/<name>.yaml` starts with `defaults: [<name>_schema, _self_]`, so a misspelt key fails at
 composition; `__post_init__` range checks raise ValueError naming the key (`optim.<key>`). Defaults are
-the spec's library defaults (§1.3, §3.1, §4) except weight_decay = 0.01 (BERT, §1.5; DeepSpeed's 1-bit
+the libraries' defaults (apex FusedLAMB, DeepSpeed's 1-bit LAMB and Adam; docs/pretraining.md)
+except weight_decay = 0.01 (BERT; DeepSpeed's 1-bit
 default is 0), which `param_groups` applies to all but biases and LayerNorm.
 """
 

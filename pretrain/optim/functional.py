@@ -1,4 +1,5 @@
-"""The optimizer math as pure functions over lists of same-device fp32 tensors (spec §1, §3, §4).
+"""The optimizer math as pure functions over lists of same-device fp32 tensors (docs/pretraining.md,
+docs/onebit-lamb.md).
 
 Every function updates the tensors it is given in place (names ending in `_`) or returns new tensors;
 none reads optimizer state, process groups or globals, so each is tested against hand-computed numbers
@@ -6,7 +7,7 @@ none reads optimizer state, process groups or globals, so each is tested against
 ratios, factors) travel as 1-D tensors of length `len(params)` and are applied through lists of 0-dim
 tensors, so nothing here synchronizes with the device.
 
-Notation as in the spec: m = exp_avg, v = exp_avg_sq, v_f = fresh exp_avg_sq, λ = weight decay.
+Notation as in docs/onebit-lamb.md: m = exp_avg, v = exp_avg_sq, v_f = fresh exp_avg_sq, λ = weight decay.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def nvlamb_update_(
     grad_scale: float = 1.0,
     workspace: list[Tensor] | None = None,
 ) -> Tensor | None:
-    """One apex/NVIDIA LAMB step on one parameter group (spec §1.3), in place.
+    """One apex/NVIDIA LAMB step on one parameter group (docs/pretraining.md, "Optimizers"), in place.
 
     `grad_scale` is the global pre-normalization 1/max(1, G/max_grad_norm), computed by the caller over
     ALL groups. u = m̂/(√v̂+ε) + λp (decoupled decay, ε outside the root); p ← p − η·r·u with the trust
@@ -161,7 +162,8 @@ def deepspeed_lamb_update_(
     grad_scale: float = 1.0,
     workspace: list[Tensor] | None = None,
 ) -> Tensor:
-    """One DeepSpeed-FusedLamb step on one group (spec §1.2; also the 1-bit LAMB warmup, §3.4), in place.
+    """One DeepSpeed-FusedLamb step on one group, in place (docs/pretraining.md; also DeepSpeed's 1-bit
+    LAMB warmup).
 
     u = m/(√v+ε) + λp with uncorrected moments; c = clamp(‖p‖/‖u‖, min_coeff, max_coeff) on EVERY tensor
     (c = 1, unclamped, where a norm is 0); p ← p − η·b·c·u with b = √(1−β2^t)/(1−β1^t) from
@@ -196,7 +198,7 @@ def clamped_trust_ratio_step_(
     rooted: bool = False,
 ) -> Tensor:
     """p ← p − η·c·u with u = m/(√v+ε) + λp and c = clamp(‖p‖/‖u‖, min_coeff, max_coeff) on every tensor
-    (1 where a norm is 0): DeepSpeed LAMB's step for given moments (§1.2 steps 3-6, §3.4). Also 1-bit
+    (1 where a norm is 0): DeepSpeed LAMB's step for given moments (docs/pretraining.md). Also 1-bit
     LAMB's compression step with `trust_ratio=live` (m the compressed momentum, v frozen; `rooted`: the
     third list is √v+ε, as `adam_direction_`). Returns c."""
     updates = _scratch(workspace, params)
@@ -357,15 +359,16 @@ def live_apply_(
 
 
 def freeze_coeff_ema(coeff_freeze: Tensor, coeffs: Tensor, coeff_beta: float) -> Tensor:
-    """c̄ ← β·c̄ + (1−β)·c where c ≠ 1 (an unusable ratio does not count), no bias correction (§3.4)."""
+    """c̄ ← β·c̄ + (1−β)·c where c ≠ 1 (an unusable ratio does not count), no bias correction
+    (docs/onebit-lamb.md)."""
     return torch.where(coeffs != 1.0, coeff_beta * coeff_freeze + (1.0 - coeff_beta) * coeffs, coeff_freeze)
 
 
 def scaling_coefficients(exp_avgs: list[Tensor]) -> Tensor:
-    """κ per tensor (§3.5b): ρ = ‖m‖/√numel, κ = mean(ρ)/ρ, so every tensor enters the one-scale
+    """κ per tensor (docs/onebit-lamb.md): ρ = ‖m‖/√numel, κ = mean(ρ)/ρ, so every tensor enters the one-scale
     compressor at the same RMS.
 
-    Guard (not in DeepSpeed, §3.7): a tensor whose momentum RMS is 0 or non-finite gets κ = 1 and is left
+    Guard (not in DeepSpeed): a tensor whose momentum RMS is 0 or non-finite gets κ = 1 and is left
     out of the mean; if no tensor qualifies every κ is 1. Shape [len(exp_avgs)], fp32.
     """
     numels = torch.tensor([float(m.numel()) for m in exp_avgs])
@@ -377,7 +380,7 @@ def scaling_coefficients(exp_avgs: list[Tensor]) -> Tensor:
 
 
 def local_momentum_(exp_avgs: list[Tensor], grads: list[Tensor], *, beta1: float) -> None:
-    """m ← β1·m + (1−β1)·g with this rank's own (not averaged) gradient (§3.5c, §4)."""
+    """m ← β1·m + (1−β1)·g with this rank's own (not averaged) gradient (docs/onebit-lamb.md)."""
     torch._foreach_mul_(exp_avgs, beta1)
     torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
 
@@ -390,7 +393,8 @@ def factor_rule(
     factor_max: float,
     factor_threshold: float,
 ) -> Tensor:
-    """f ← clamp(f, min, max), then within ±threshold (relative) of the previous factor (§3.5j)."""
+    """f ← clamp(f, min, max), then within ±threshold (relative) of the previous factor
+    (docs/onebit-lamb.md)."""
     bounded = raw_factors.clamp(factor_min, factor_max)
     low, high = last_factors * (1.0 - factor_threshold), last_factors * (1.0 + factor_threshold)
     return torch.minimum(torch.maximum(bounded, low), high)
@@ -415,7 +419,8 @@ def compressed_lamb_update_(
     factor_threshold: float,
     workspace: list[Tensor] | None = None,
 ) -> Tensor:
-    """1-bit LAMB compression-stage update of one group after the momentum exchange (§3.5f–k), in place.
+    """1-bit LAMB compression-stage update of one group after the momentum exchange, in place
+    (docs/onebit-lamb.md).
 
     `exp_avgs` is the synchronized momentum of this step, `prev_exp_avgs` that of the previous step (it is
     overwritten with scratch values), `exp_avg_sqs` the frozen v. Updates v_f from the reconstructed
@@ -472,7 +477,7 @@ def adam_update_(
     weight_decay: float,
     workspace: list[Tensor] | None = None,
 ) -> None:
-    """1-bit Adam warmup step (§4): moments without bias correction, then `adam_frozen_update_`."""
+    """1-bit Adam warmup step: moments without bias correction, then `adam_frozen_update_`."""
     adam_moments_(exp_avgs, exp_avg_sqs, grads, beta1=beta1, beta2=beta2)
     adam_frozen_update_(
         params, exp_avgs, exp_avg_sqs, lr=lr, eps=eps, weight_decay=weight_decay, workspace=workspace
@@ -489,7 +494,7 @@ def adam_frozen_update_(
     weight_decay: float,
     workspace: list[Tensor] | None = None,
 ) -> None:
-    """p ← p − η·(m/(√v+ε) + λp) with the given (in the compression stage: frozen) v (§4)."""
+    """p ← p − η·(m/(√v+ε) + λp) with the given (in the compression stage: frozen) v."""
     updates = _scratch(workspace, params)
     adam_direction_(updates, exp_avgs, exp_avg_sqs, eps)
     if weight_decay != 0.0:

@@ -1,9 +1,9 @@
-"""LAMB (arXiv 1904.00962) in two explicit variants (spec §1.4):
+"""LAMB (arXiv 1904.00962) in two explicit variants (docs/pretraining.md, "Optimizers"):
 
-- `nvlamb` (default): apex FusedLAMB / NVIDIA BERT semantics (§1.3). Global gradient-norm
+- `nvlamb` (default): apex FusedLAMB / NVIDIA BERT semantics. Global gradient-norm
   pre-normalization by `max_grad_norm` (default 1.0), bias-corrected m̂/v̂, ε = 1e-6 outside the root,
   decoupled weight decay, trust ratio ‖p‖/‖u‖ only on tensors whose group has weight decay ≠ 0.
-- `deepspeed`: DeepSpeed FusedLamb (§1.2). Trust ratio on every tensor, clamped to [min_coeff,
+- `deepspeed`: DeepSpeed FusedLamb. Trust ratio on every tensor, clamped to [min_coeff,
   max_coeff]; bias correction optional and applied to the step after the ratio; ε = 1e-8; no
   pre-normalization unless `max_grad_norm` is set. With `bias_correction=False` this is exactly the
   warmup stage of `OnebitLamb`.

@@ -333,7 +333,7 @@ class OnebitOptimizer(OptimizerBase):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step. Warmup: gradients must be averaged over ranks; compression: this rank's own. Either
-        way they must be the MEAN over this rank's micro-batches (divide the loss by their number, §5.2).
+        way they must be the MEAN over this rank's micro-batches (divide the loss by their number).
         After `mark_gradients_checked(norm)` (`OptimizerBase`) a compression-stage step reading `.grad`
         skips its own check (a full read of the gradients and an allreduce), and so does a warmup step
         given the norm (it feeds nvlamb's pre-normalization); virtual workers' compression steps check

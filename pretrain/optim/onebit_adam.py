@@ -1,4 +1,4 @@
-"""1-bit Adam (arXiv 2102.02888; DeepSpeed `OnebitAdam`, spec §4) on plain torch.distributed.
+"""1-bit Adam (arXiv 2102.02888; DeepSpeed `OnebitAdam`; docs/pretraining.md) on plain torch.distributed.
 
 Warmup (steps 1..freeze_step, gradients averaged by the trainer): Adam without bias correction,
 p ← p − η·(m/(√v+ε) + λp). Compression (later steps, local gradients): m ← β1·m + (1−β1)·g_local, one
@@ -25,7 +25,7 @@ from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
 
 
 class OnebitAdam(OnebitOptimizer):
-    """1-bit Adam. Defaults as DeepSpeed (spec §4); `exp_avg_mask`, `group` and the exchange options
+    """1-bit Adam. Defaults as DeepSpeed's; `exp_avg_mask`, `group` and the exchange options
     (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`, `precondition`, `scale_dtype`) as
     in `OnebitLamb`."""
 

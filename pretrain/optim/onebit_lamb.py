@@ -82,7 +82,7 @@ class TrustRatio(str, enum.Enum):
 
 
 class OnebitLamb(OnebitOptimizer):
-    """1-bit LAMB. Hyperparameters and defaults as DeepSpeed (spec §3.1).
+    """1-bit LAMB. Hyperparameters and defaults as DeepSpeed's (docs/onebit-lamb.md).
 
     Args:
         params: parameters or groups; a group may carry `exp_avg_mask`, a 0/1 tensor broadcastable to
@@ -91,7 +91,7 @@ class OnebitLamb(OnebitOptimizer):
         freeze_step: number of warmup steps (≥ 1); compression from step freeze_step + 1.
         min_coeff, max_coeff: clamp of the warmup trust ratio.
         coeff_beta: EMA factor of c̄; DeepSpeed advises 1/(1 − coeff_beta) ≤ freeze_step.
-        factor_min, factor_max, factor_threshold: the compression-stage factor rule (§3.5j).
+        factor_min, factor_max, factor_threshold: the compression-stage factor rule (docs/onebit-lamb.md).
         group: data-parallel process group (None: the default group, or a world of one without
             torch.distributed).
         compression, exact_vectors, sign_scale, virtual_workers, precondition, scale_dtype:

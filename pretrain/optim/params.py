@@ -1,6 +1,6 @@
 """Parameter groups for HF BERT: which tensors get weight decay, and the 1-bit momentum mask.
 
-Rules (spec §1.5, with one deliberate difference):
+Rules (docs/pretraining.md, "Optimizers"; one deliberate difference from DeepSpeed's BERT example):
 - weight decay 0 for every parameter whose name contains `bias` or `LayerNorm` (HF BERT's LayerNorm
   weight and bias), `weight_decay` for all others;
 - the pooler is KEPT in the optimizer (DeepSpeed's BERT example drops it): HF `BertForPreTraining`

@@ -58,7 +58,8 @@ def last_phase_records(run: Run) -> list[dict[str, float]]:
 
 
 def diverged(run: Run) -> bool:
-    """The run ended with a non-finite MLM loss (every later step skipped, spec §5.3), or above the loss
+    """The run ended with a non-finite MLM loss (every later step skipped:
+    docs/pretraining.md), or above the loss
     it started from (a blown-up run can stay finite: 1e8 is no final loss either)."""
     losses = [r["mlm_loss"] for r in run.records if "mlm_loss" in r]
     if not losses:
