@@ -17,7 +17,7 @@
 # The code: `deepspeed` is optim=onebit_lamb_deepspeed, `remedy_nv_lv_k64` optim=onebit_lamb and `remedy_nv_lv`
 # optim=onebit_lamb optim.variance_refresh=0, on any commit since the presets. Every other 1-bit arm sets
 # options that lost and left the optimizer (results/cpu-study/README.md, "Arms removed from the code"): run
-# those stages from commit 57f17d9, the last that has them (git worktree add ../study 57f17d9).
+# those stages from commit 71ee42b, the last that has them (git worktree add ../study 71ee42b).
 #
 # Runs go to results/runs/cpu-study-*; a run whose summary.json (fine-tune: all_results.json) exists is skipped,
 # so the script picks up where an interrupted one stopped. Stages (STAGES, in this order):
