@@ -151,7 +151,12 @@ def rank_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     return result
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"n{n}")
+# `make test`: 2 processes; 3 and 4 (padding, the ring order) in the slow tier
+@pytest.fixture(
+    scope="module",
+    params=[2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)],
+    ids=lambda n: f"n{n}",
+)
 def runs(request) -> tuple[int, list[dict[str, Any]]]:
     world_size = request.param
     return world_size, run_distributed(rank_scenarios, world_size)

@@ -99,7 +99,17 @@ def _run(rank: int, processes: int, virtual: int, modes: list[str], kernel_choic
     return results
 
 
-@pytest.fixture(scope="module", params=SHAPES, ids=[f"p{p}k{k}" for p, k in SHAPES])
+# `make test`: virtual workers in one process, and 2 processes (pipelined, fused); the rest: slow tier
+FAST_SHAPES = [(1, 2), (2, 1)]
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        shape if shape in FAST_SHAPES else pytest.param(shape, marks=pytest.mark.slow) for shape in SHAPES
+    ],
+    ids=[f"p{p}k{k}" for p, k in SHAPES],
+)
 def shape_runs(request):
     processes, virtual = request.param
     modes = ["native", "all_gather"] if processes > 1 else ["native"]
@@ -254,6 +264,7 @@ def _run_sources(rank: int, processes: int, grad_scale: float) -> dict:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes, grad_scale", [(2, 1.0), (3, 0.37)])
 def test_a_momentum_source_gives_what_its_values_give(processes, grad_scale):
     """The engine handed the momenta (`source=`: x formed inside the worker's first pass where the numba

@@ -50,6 +50,7 @@ def _low_precision(rank: int, world_size: int) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_low_precision_allreduce_is_ddps_compression_hook_at_half_the_bytes():
     results = run_local(_low_precision, 2)
     exact = run_local(_gradients, 2)[0][True]

@@ -82,6 +82,7 @@ def test_sets_up_runs_and_tears_down_cleanly():
     assert _host_state() == host_before
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_call_and_everything_is_removed():
     with (
         pytest.raises(RuntimeError, match="injected failure on rank 1"),
@@ -130,6 +131,7 @@ def test_script_rejects_bad_input_with_one_line():
     assert bad_id.returncode == 2 and "--id" in bad_id.stderr
 
 
+@pytest.mark.slow
 def test_quick_allreduce_measurement_is_rate_limited_and_counts_bytes(tmp_path):
     from bench.net import _allreduce_records
 

@@ -137,7 +137,7 @@ def _train(rank: int, world_size: int, checkpoint_dir: str, resume: bool) -> dic
     return results
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_replicas_warmup_overflow_and_resume(world_size: int, tmp_path: Path):
     full = run_distributed(_train, world_size, (str(tmp_path), False))
     resumed = run_distributed(_train, world_size, (str(tmp_path), True))

@@ -129,6 +129,7 @@ def test_per_column_scales():
     assert preconditioned_norm == pytest.approx(plain_norm, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_preconditioned_exchange():
     results = run_distributed(_compare, 1, ())[0]
     assert results["constant_max_difference"] <= 1e-5 * results["constant_max_value"], results
@@ -185,6 +186,7 @@ def _divisor_run(rank: int, world_size: int) -> dict:
     return {"mismatches": mismatches, "compression_steps": steps, "weight": weight.detach().clone().tolist()}
 
 
+@pytest.mark.slow
 def test_the_divisors_follow_the_variance():
     results = run_distributed(_divisor_run, 2, ())
     for result in results:

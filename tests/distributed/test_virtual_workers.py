@@ -155,6 +155,7 @@ def _train(rank: int, processes: int, virtual: int, checkpoint_dir: str, resume:
     return results
 
 
+@pytest.mark.slow  # `make test`: tests/integration/test_simulated.py runs 2 simulated workers against 2 ranks
 @pytest.mark.parametrize("workers", [2, 4])
 def test_virtual_workers_equal_real_ranks(workers: int, tmp_path: Path):
     real = run_distributed(_train, workers, (1, str(tmp_path), False))
@@ -169,6 +170,7 @@ def test_virtual_workers_equal_real_ranks(workers: int, tmp_path: Path):
         assert resumed[config]["digests"] == simulated[config]["digests"][SAVE_AFTER:], config
 
 
+@pytest.mark.slow
 def test_two_processes_of_two_virtual_workers_equal_four_ranks(tmp_path: Path):
     real = run_distributed(_train, 4, (1, str(tmp_path), False))
     mixed = run_distributed(_train, 2, (2, str(tmp_path), False))

@@ -29,13 +29,24 @@ def run(module: str, *overrides: str, **env: str) -> subprocess.CompletedProcess
 
 @pytest.mark.parametrize(
     ("module", "prog", "override", "named"),
-    [
-        ("pretrain", "pretrain", "optim=nosuch", "available options in 'optim': adamw, lamb, onebit_adam"),
-        ("finetune", "finetune", "task=nosuch", "Could not find 'task/nosuch'"),
+    [  # slow tier: the entry points that import torch and the model code, the slowest to start
+        # (tests/reliability/test_bad_input.py runs their Hydra errors in process)
+        pytest.param(
+            "pretrain",
+            "pretrain",
+            "optim=nosuch",
+            "available options in 'optim': adamw, lamb, onebit_adam",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "finetune", "finetune", "task=nosuch", "Could not find 'task/nosuch'", marks=pytest.mark.slow
+        ),
         ("data.prepare", "data.prepare", "data.shards.chunk_mb=x", "data.shards.chunk_mb=x"),
         ("results.compare", "compare", "nokey=1", "key 'nokey' not in 'CompareConfig'"),
         ("results.compare.dashboard", "dashboard", "save=maybe", "override save=maybe"),
-        ("pretrain.preflight", "preflight", "seed", "Error parsing override 'seed'"),
+        pytest.param(
+            "pretrain.preflight", "preflight", "seed", "Error parsing override 'seed'", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_a_bad_override_is_one_line_and_exit_2(module: str, prog: str, override: str, named: str):
@@ -47,12 +58,14 @@ def test_a_bad_override_is_one_line_and_exit_2(module: str, prog: str, override:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # the debug switch itself: tests/unit/test_cli.py
 def test_debug_true_shows_hydras_traceback():
     done = run("pretrain.preflight", "optim=nosuch", "debug=true")
     assert done.returncode == 1
     assert "Traceback" in done.stderr and "MissingConfigException: In 'pretrain'" in done.stderr
 
 
+@pytest.mark.slow
 def test_hydra_full_error_shows_a_mains_user_error_with_its_traceback(tmp_path):
     done = run("finetune", f"model_path={tmp_path / 'absent'}", **{cli.FULL_ERROR: "1"})
     assert done.returncode == 1
@@ -60,6 +73,7 @@ def test_hydra_full_error_shows_a_mains_user_error_with_its_traceback(tmp_path):
     assert f"ValueError: model_path={tmp_path / 'absent'}: no such folder" in done.stderr
 
 
+@pytest.mark.slow
 def test_debug_true_is_not_an_override_hydra_sees():
     done = run("pretrain.preflight", "batch=demo", "optim=lamb", "model=bert_tiny", "debug=true")
     assert done.returncode == 0, done.stderr

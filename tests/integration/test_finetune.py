@@ -120,6 +120,7 @@ def test_mrpc_two_seeds(tiny_bert: Path, tmp_path: Path) -> None:
     assert losses[0]["loss"] != losses[8]["loss"]
 
 
+@pytest.mark.slow
 def test_stsb_regression_from_a_classification_fine_tune(tiny_bert: Path, tmp_path: Path) -> None:
     """STS-B (1 output) starting from an RTE fine-tune (2 classes): encoder kept, head re-initialized."""
     run_single(
@@ -181,6 +182,7 @@ def test_squad_slice_trains_on_part_of_dev(tiny_bert: Path, tmp_path: Path) -> N
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in predictions.items())
 
 
+@pytest.mark.slow
 def test_squad_v2_slice_with_unanswerable_questions(
     tiny_bert: Path, tmp_path: Path, shared_data: Path
 ) -> None:
@@ -239,6 +241,7 @@ def test_split_by_article_is_deterministic_and_disjoint() -> None:
         split_by_article(examples[:3], 0.5)
 
 
+@pytest.mark.slow
 def test_two_process_mrpc_matches_layout(tiny_bert: Path, tmp_path: Path) -> None:
     from launch.local import run_local
 
@@ -263,6 +266,7 @@ def test_two_process_mrpc_matches_layout(tiny_bert: Path, tmp_path: Path) -> Non
     assert len([r for r in records if "loss" in r]) == 4  # 64 examples / global batch 16
 
 
+@pytest.mark.slow  # a `python -m finetune` process
 def test_bad_model_folder_is_a_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     completed = subprocess.run(
@@ -439,6 +443,7 @@ def test_results_and_wandb_name_the_pretraining_run(tiny_bert: Path, tmp_path: P
 
 
 # -- the pre-flight header (finetune/preflight.py) -----------------------------------------------------------
+@pytest.mark.slow  # a `python -m finetune` process
 def test_the_preflight_header_names_the_model_folder_and_the_data(
     tiny_bert: Path, tmp_path: Path, shared_data: Path
 ) -> None:

@@ -165,6 +165,7 @@ CLUSTER_REFUSAL = "pretrain: error: batch=64k trains 512,458,752 samples, a clus
 TORCHRUN_NOISE = ("Traceback", "ChildFailedError", "FAILED", "exitcode")
 
 
+@pytest.mark.slow  # make, then the pre-flight in a `python -m` process
 def test_make_pretrain_refused_by_the_preflight_is_one_line(tmp_path: Path):
     """The issue's `make pretrain BATCH=64k OPT=onebit_lamb DATA=sample` on a machine without a GPU: the
     launcher's pre-flight prints the header and the refusal once, exit 2, and starts no worker (-o: the
@@ -211,14 +212,16 @@ def run_elastic(tmp_path: Path, code: int) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("code", [2, 75, 76])
+@pytest.mark.parametrize(
+    "code", [2, pytest.param(75, marks=pytest.mark.slow), pytest.param(76, marks=pytest.mark.slow)]
+)
 def test_elastic_keeps_a_reported_exit_code_and_adds_nothing(tmp_path: Path, code: int):
     result = run_elastic(tmp_path, code)
     assert result.returncode == code, result.stderr
     assert result.stderr.strip().splitlines() == [f"worker: error: exit {code}"], result.stderr
 
 
-@pytest.mark.parametrize(("code", "exit_code"), [(3, 3), (-9, 1)])
+@pytest.mark.parametrize(("code", "exit_code"), [(3, 3), pytest.param(-9, 1, marks=pytest.mark.slow)])
 def test_elastic_shows_torchruns_table_for_a_crash(tmp_path: Path, code: int, exit_code: int):
     """A crash or a signal keeps torchrun's failure table (which rank, what code), without its traceback."""
     result = run_elastic(tmp_path, code)

@@ -113,6 +113,7 @@ def test_onebit_on_one_process_says_compression_is_off(monkeypatch, tmp_path):
     assert any("nothing to compress" in note for note in report.notes)
 
 
+@pytest.mark.slow  # `python -m` processes
 def test_cli_exit_codes_and_the_pretrain_header(tmp_path):
     common = [f"data_dir={tmp_path / 'absent'}", f"run_dir={tmp_path / 'run'}"]
     ok = subprocess.run(

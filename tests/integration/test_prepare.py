@@ -78,6 +78,7 @@ def test_rerun_reuses_finished_shards_and_is_identical(sample_output: Path, tmp_
     assert shard_checksums(sample_output / "seq128") == before
 
 
+@pytest.mark.slow
 def test_output_independent_of_worker_count(tmp_path: Path):
     outputs = []
     for workers in (0, 2):
@@ -93,6 +94,7 @@ def test_output_independent_of_worker_count(tmp_path: Path):
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow
 def test_resume_after_kill(tmp_path: Path):
     """kill -9 after the first chunk is written: the re-run reuses it and ends identical to a clean run."""
     overrides = ["data=tiny", "data.shards.num_workers=0", "data.shards.chunk_mb=0.05"]
@@ -124,11 +126,17 @@ def test_resume_after_kill(tmp_path: Path):
     [
         (["data=tiny", "data.sources=[{kind:books,path:/nonexistent/books}]"], "/nonexistent/books"),
         (["data=tiny", "data.tokenizer.vocab_file=/nonexistent/vocab.txt"], "/nonexistent/vocab.txt"),
-        (["data=tiny", "data.instances.short_seq_prob=2.0"], "short_seq_prob"),
-        (["data=tiny", "data.instances.short_seq_draw=book"], "short_seq_draw"),
-        (["data=tiny", "data.shards.chunk_mb=0"], "chunk_mb"),
-        (["data=tiny", "data.sources=[]"], "data.sources"),
-        (["data=tiny", "data.instances.max_seq_lenghts=[128]"], "max_seq_lenghts"),
+        # each case is a `python -m data.prepare` process: `make test` runs the two above
+        *(
+            pytest.param(overrides, expected, marks=pytest.mark.slow)
+            for overrides, expected in [
+                (["data=tiny", "data.instances.short_seq_prob=2.0"], "short_seq_prob"),
+                (["data=tiny", "data.instances.short_seq_draw=book"], "short_seq_draw"),
+                (["data=tiny", "data.shards.chunk_mb=0"], "chunk_mb"),
+                (["data=tiny", "data.sources=[]"], "data.sources"),
+                (["data=tiny", "data.instances.max_seq_lenghts=[128]"], "max_seq_lenghts"),
+            ]
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path: Path, overrides: list[str], expected: str):
@@ -155,6 +163,7 @@ def test_empty_corpus_folder_is_an_error(tmp_path: Path):
     assert not list(out.rglob("manifest.json"))
 
 
+@pytest.mark.slow
 def test_trained_vocab_is_the_same_on_every_run(tmp_path: Path):
     """Two preparations (two processes, so two hash seeds inside HF tokenizers' trainer) give the same
     vocabulary with the same ids, hence the same shards (#17 item 5)."""
@@ -187,6 +196,7 @@ def test_canonical_vocab_order():
     assert list(vocab.values()) == list(range(len(tokens)))
 
 
+@pytest.mark.slow
 def test_static_masking(tmp_path: Path):
     from data.dataset import PretrainingDataset
 

@@ -35,7 +35,16 @@ def overrides(data: Path, run_dir: Path, optim: str, *extra: str) -> list[str]:
     return tiny_run_overrides(data, run_dir, optim, "batch.phases.0.lr=5e-3", *extra)
 
 
-@pytest.mark.parametrize("optim", ["lamb", "lamb_bf16", "onebit_lamb", "onebit_adam"])
+# `make test` runs 1-bit LAMB's run (both stages, the exchange's bytes); the other optimizers: slow tier
+@pytest.mark.parametrize(
+    "optim",
+    [
+        pytest.param("lamb", marks=pytest.mark.slow),
+        pytest.param("lamb_bf16", marks=pytest.mark.slow),
+        "onebit_lamb",
+        pytest.param("onebit_adam", marks=pytest.mark.slow),
+    ],
+)
 def test_two_ranks_learn_with_identical_replicas(tiny_data: Path, tmp_path: Path, optim: str):
     run_dir = tmp_path / optim
     # Adam without bias correction needs an Adam-sized LR, not the recipe's LAMB one (DeepSpeed: 4e-4)
@@ -113,6 +122,7 @@ def expected_exchange_bytes(cfg, vocab_size: int, world_size: int) -> float:
     ).compressed_bytes
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path):
     """Stop at step 16 (in the compression stage), resume in fresh processes: same parameters and
     losses as an uninterrupted run to step 22."""
@@ -147,6 +157,7 @@ def test_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path):
     assert all(resumed_losses[step] == losses[step] for step in range(17, 23))
 
 
+@pytest.mark.slow
 def test_phase_transition(tiny_data: Path, tmp_path: Path):
     """The whole demo recipe: phase 2 (seq 512) continues phase 1's optimizer in the compression stage;
     the final checkpoint's HF export loads with transformers as is."""
@@ -175,6 +186,7 @@ def test_phase_transition(tiny_data: Path, tmp_path: Path):
     assert state["optimizer"] == "onebit_lamb" and state["global_batch"] == 32
 
 
+@pytest.mark.slow
 def test_sigusr1_checkpoints_exits_75_and_resume_continues(tiny_data: Path, tmp_path: Path):
     """Preemption: SIGUSR1 -> checkpoint after the current step -> exit 75; resume=auto continues."""
     run_dir = tmp_path / "preempted"

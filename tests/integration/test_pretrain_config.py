@@ -78,6 +78,7 @@ def tiny_data_s32(tmp_path_factory) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_dry_run_builds_every_recipe(tiny_data: Path, tiny_data_s32: Path, tmp_path: Path):
     for batch in BATCHES:
         proc = run_pretrain(
@@ -110,6 +111,8 @@ def test_dry_run_bert_large_64k(tiny_data: Path, tmp_path: Path):
     assert "65536 = 1 x 64 x 1024 accumulation" in proc.stdout
 
 
+# a `python -m pretrain` process each (tests/reliability/test_bad_input.py runs config errors in process)
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

@@ -37,6 +37,7 @@ def _losses(run_dir: Path) -> list[float]:
     return [m["loss"] for m in read_metrics(run_dir)]
 
 
+@pytest.mark.slow  # `make test` trains once, in tests/integration/test_pretrain.py
 def test_two_simulated_workers_equal_two_processes(tiny_data: Path, tmp_path: Path):
     real = run_local(train_worker, 2, (overrides(tiny_data, tmp_path / "real", "max_steps=20"),))
     simulated = run_local(
@@ -49,6 +50,7 @@ def test_two_simulated_workers_equal_two_processes(tiny_data: Path, tmp_path: Pa
     assert sim_metrics[-1]["bytes_cumulative"] == real_metrics[-1]["bytes_cumulative"]
 
 
+@pytest.mark.slow
 def test_variance_refresh_steps_in_real_and_simulated_runs(tiny_data: Path, tmp_path: Path):
     """`optim.variance_refresh=3` (freeze_step 12): at steps 15 and 18 the 1-bit momentum plus one fp32
     allreduce of the workers' row and column sums of g² (a few thousand floats); the other compression
@@ -100,6 +102,7 @@ def pipelined_train_worker(rank: int, world_size: int, overrides: list[str]) -> 
     return {**train_worker(rank, world_size, overrides), **calls}
 
 
+@pytest.mark.slow
 def test_pipelined_fused_ranks_equal_simulated_workers(tiny_data: Path, tmp_path: Path):
     """The optim=onebit_lamb defaults (per-column scales, the momentum formed inside the exchange's first
     pass, rank-1 variance refreshes, whose square marginals that pass sums) with the exchange pipelined
@@ -139,6 +142,7 @@ def test_four_simulated_workers_track_four_processes(tiny_data: Path, tmp_path: 
             assert simulated == pytest.approx(actual, rel=1e-4), run
 
 
+@pytest.mark.slow
 def test_simulated_run_resumes_bitwise(tiny_data: Path, tmp_path: Path):
     extra = ("max_steps=20", "sim_world_size=2", "deterministic=true")
     straight = run_local(train_worker, 1, (overrides(tiny_data, tmp_path / "straight", *extra),))

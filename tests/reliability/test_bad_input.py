@@ -542,6 +542,7 @@ def test_bad_input_is_one_line_naming_it_and_destroys_nothing(case: Case, ws: Wo
     record("bad_input", case=case.id, exit_code=result.code, message=first[:200])
 
 
+@pytest.mark.slow
 def test_accepted_input_one_huge_line(ws: Workspace, record):
     """One 4 MB line without a newline (a corpus that lost its line breaks) is not an error: it is
     prepared in bounded time into ordinary instances."""
@@ -579,6 +580,7 @@ def test_resume_with_more_ranks_names_the_missing_rank_file(base_run: Path, tiny
     record("bad_input", case="checkpoint/different-world-size", exit_code=2, message=str(error.value)[:200])
 
 
+@pytest.mark.slow  # `python -m` processes; `make test` runs the cases above in process
 def test_real_subprocess_exit_codes(ws: Workspace):
     """The same contract from real `python -m` processes (exit status as the shell sees it)."""
     shard = ws.data / "seq128" / "shard-00000.arrow"

@@ -42,6 +42,7 @@ def test_unknown_step_is_refused():
         gpu.main(["--cpu-smoke", "--steps=packer,bogus"])
 
 
+@pytest.mark.slow  # torch.compile of the comm kernels
 def test_packer_and_allreduce_checks_pass_on_the_cpu(tmp_path):
     gpu.main(["--cpu-smoke", "--steps=packer,allreduce", f"--out={tmp_path}"])
     records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
@@ -61,6 +62,7 @@ def test_packer_and_allreduce_checks_pass_on_the_cpu(tmp_path):
     assert "allreduce_n64_single_per_worker_compiled" not in records
 
 
+@pytest.mark.slow
 def test_compiled_kernels_that_fail_leave_the_torch_kernels_figures(tmp_path, monkeypatch):
     """A GPU where Triton cannot build the compiled kernels: the check says so and fails, and the torch
     kernels' records of the same check are still written."""

@@ -68,7 +68,10 @@ print(host_memory.kept())
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
-@pytest.mark.parametrize(("overrides", "kept"), [([], "True"), (["keep_host_memory=false"], "False")])
+@pytest.mark.parametrize(
+    ("overrides", "kept"),
+    [([], "True"), pytest.param(["keep_host_memory=false"], "False", marks=pytest.mark.slow)],
+)
 def test_a_cpu_trainer_keeps_freed_memory_by_default(tiny_data, tmp_path, repo_root, overrides, kept):
     # on by default: the same peak memory per rank in a one-optimizer run, no page faults per step (module
     # docstring); one process per case, as the setting is process-wide
