@@ -17,7 +17,7 @@ comma       := ,
 
 DATA   ?=
 ARGS   ?=
-# pretraining: BATCH=<8k|16k|32k|64k|demo> OPT=<lamb|onebit_lamb|adamw|onebit_adam> MODEL=... NPROC=...
+# pretraining: BATCH=<8k|16k|32k|64k|demo> OPT=<lamb|onebit_lamb|onebit_lamb_deepspeed|adamw|onebit_adam> MODEL=... NPROC=...
 BATCH  ?= demo
 OPT    ?= lamb
 ifeq ($(BATCH),demo)
@@ -46,7 +46,7 @@ help:
 	@echo "make test      the fast tier, after every change (6-7 min on 2 shared cores; SLOW=1: as make test-all)"
 	@echo "make test-all  every test, the slow tier included (what CI runs)"
 	@echo "make prepare   DATA=<sample|tiny|wikipedia_bookcorpus> ARGS='hydra overrides'"
-	@echo "make pretrain  BATCH=<demo|8k|16k|32k|64k> OPT=<lamb|onebit_lamb|adamw|onebit_adam> MODEL=... NPROC=..."
+	@echo "make pretrain  BATCH=<demo|8k|16k|32k|64k> OPT=<lamb|onebit_lamb|onebit_lamb_deepspeed|adamw|onebit_adam> MODEL=... NPROC=..."
 	@echo "make preflight BATCH=... OPT=... MODEL=... NPROC=<world size>: what make pretrain would do, and whether it can"
 	@echo "make finetune  TASK=<squad|mrpc|...|glue> [CKPT=<run folder or HF folder>: default the latest run] FT_NPROC=... ARGS=..."
 	@echo "make compare   STUDY=<name> RUNS='results/runs/a results/runs/b*' -> results/<name>/report.md"
@@ -186,7 +186,7 @@ bench-net: setup
 	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench net --part=e2e --no-keep-host-memory)
 	$(if $(filter --quick,$(ARGS)),,$(PY) -m bench scaling)
 
-# tests/reliability with 10 kill points (CI's `make test` runs them with 3); ARGS=--ci for CI's subset
+# tests/reliability with 10 kill points (CI's `make test-all` runs them with 3); ARGS=--ci for CI's subset
 reliability: setup
 	$(PY) -m tests.reliability.report $(ARGS)
 

@@ -33,7 +33,7 @@ def composition_error(config: str, overrides: list[str]) -> Exception:
             "pretrain",
             ["optim=nosuch"],
             "In 'pretrain': Could not find 'optim/nosuch'; "
-            "available options in 'optim': adamw, lamb, onebit_adam, onebit_lamb",
+            "available options in 'optim': adamw, lamb, onebit_adam, onebit_lamb, onebit_lamb_deepspeed",
         ),
         (
             "pretrain",
