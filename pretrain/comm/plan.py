@@ -164,7 +164,7 @@ class MomentumSource:
     buffer's other elements (its pad) are the call's ``values`` as they are. ``fill(values)`` writes the
     same x into ``values`` in the same arithmetic (one fused multiply-add, then the division), for the
     kernels that do not fuse. ``marginals``: the square marginals of some of the (scaled) gradients are
-    summed in the same pass (1-bit LAMB's ``refresh_from=factored``/``rank1``). The optimizer owns the
+    summed in the same pass (1-bit LAMB's variance refresh). The optimizer owns the
     arithmetic: it builds the source (`pretrain.optim.live_step.momentum_source`) and hands the kernels
     its loops with it (``loops``)."""
 

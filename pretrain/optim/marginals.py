@@ -1,4 +1,4 @@
-"""Row and column sums of a gradient's squares: what 1-bit LAMB's ``refresh_from=factored``/``rank1`` adds
+"""Row and column sums of a gradient's squares: what 1-bit LAMB's variance refresh adds
 up every compression step (:meth:`OnebitLamb._accumulate_marginals`), for every weight matrix.
 
 On CPU with numba (:mod:`pretrain.optim.numba_loops`) one loop reads the

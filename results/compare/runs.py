@@ -70,7 +70,7 @@ class Run:
 
     @property
     def arm(self) -> str:
-        """The optimizer, its exchange variant and the workers, e.g. `onebit_lamb[per_row] n32 sim`."""
+        """The preset, what the run changed against it and the workers, e.g. `onebit_lamb[a=b] n32 sim`."""
         label = self.optimizer + (f"[{self.variant}]" if self.variant else "")
         if self.workers is not None:
             label += f" n{self.workers}" + (" sim" if self.simulated else "")
