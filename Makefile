@@ -127,10 +127,10 @@ data/prepared/%/seq128/manifest.json: | setup
 	$(PY) -m data.prepare data=$* show_progress=false
 
 # torchrun on this node; multi-node and SLURM: see launch/README.md
-# the pre-flight report (pretrain/preflight.py): what `make pretrain` with the same variables would do, and
+# the pre-flight report (pretrain/tools/preflight.py): what `make pretrain` with the same variables would do, and
 # whether it can; NPROC = the world size to check (e.g. 64 for 8 nodes of 8 GPUs)
 preflight: setup
-	$(PY) -m pretrain.preflight batch=$(BATCH) optim=$(OPT) model=$(MODEL) data_dir=data/prepared/$(PRETRAIN_DATA) \
+	$(PY) -m pretrain.tools.preflight batch=$(BATCH) optim=$(OPT) model=$(MODEL) data_dir=data/prepared/$(PRETRAIN_DATA) \
 	  $(if $(NPROC),dry_run_world_size=$(NPROC),) $(ARGS)
 
 pretrain: setup data/prepared/$(PRETRAIN_DATA)/seq128/manifest.json

@@ -158,7 +158,7 @@ def byte_cost_records() -> list[Record]:
     from transformers import BertForPreTraining
 
     from pretrain.model import ModelConfig, ModelSize, bert_config
-    from pretrain.preflight import compression_traffic, refresh_traffic
+    from pretrain.tools.preflight import compression_traffic, refresh_traffic
 
     with torch.device("meta"):  # shapes only; built there so the decoder stays tied to the embedding
         model = BertForPreTraining(bert_config(ModelConfig(size=ModelSize.bert_large), 30522))

@@ -663,13 +663,13 @@ def _pretraining_batch(micro: int, seq: int, masked: int, vocab: int, device: to
 def _training_step(
     ctx: Context, objective: Any, batch: dict[str, Any], cuda_graphs: bool = False
 ) -> Callable[[], None]:
-    """The pretrainer's micro-step (pretrain/trainer.py `_micro_step`) without the loss scaler: forward
+    """The pretrainer's micro-step (pretrain/train/trainer.py `_micro_step`) without the loss scaler: forward
     under bf16 autocast, backward; gradients accumulate. ``cuda_graphs`` (an objective compiled with
     mode="reduce-overhead"): every step marked as a new graph replay, and the gradients allocated before the
     first, so that accumulation adds the graph's outputs into them instead of keeping the graph's own memory
     as ``.grad`` (which the next replay overwrites: "accessing tensor output of CUDAGraphs that has been
     overwritten", seen on an H200)."""
-    from pretrain.distributed import autocast_context
+    from pretrain.distributed.process_group import autocast_context
 
     parameters = [p for p in objective.parameters() if p.requires_grad] if cuda_graphs else []
 

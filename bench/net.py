@@ -437,10 +437,10 @@ def _train_worker(
     from hydra import compose, initialize_config_dir
 
     from data.config import REPO_ROOT
-    from pretrain import host_memory
     from pretrain.config import to_object
-    from pretrain.distributed import init_distributed
-    from pretrain.trainer import Trainer
+    from pretrain.distributed.process_group import init_distributed
+    from pretrain.train import host_memory
+    from pretrain.train.trainer import Trainer
 
     results: dict[str, dict[str, Any]] = {
         variant: {"step_seconds": [], "phases": [], "onebit_bytes_per_call": None} for variant in variants
@@ -603,7 +603,8 @@ def _e2e_records(
         "quick": quick,
         "compile": compile,  # optim.compile for every variant (LAMB's and 1-bit LAMB's compiled steps)
         # keep_host_memory (the default) for every variant: glibc keeps freed memory
-        # (pretrain/host_memory.py), so a step's large temporaries fault no fresh pages (a CPU-only cost: GPUs
+        # (pretrain/train/host_memory.py), so a step's large temporaries fault no fresh pages (a CPU-only
+        # cost: GPUs
         # allocate through CUDA's cache); false: the faulting reference (--no-keep-host-memory)
         "keep_host_memory": keep_host_memory,
         "host_memory_kept_per_rank": [r["host_memory_kept"] for r in per_rank],

@@ -31,9 +31,9 @@ def _measure(
     from hydra import compose, initialize_config_dir
 
     from pretrain.config import to_object
-    from pretrain.distributed import init_distributed
+    from pretrain.distributed.process_group import init_distributed
     from pretrain.model import PretrainingObjective
-    from pretrain.trainer import Trainer
+    from pretrain.train.trainer import Trainer
 
     overrides = [
         "batch=demo",

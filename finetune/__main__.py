@@ -26,7 +26,7 @@ from launch import cli
 @hydra.main(config_path="../conf", config_name="finetune", version_base="1.3")
 def main(dict_cfg: DictConfig) -> None:
     from finetune.runner import run_finetune
-    from pretrain.distributed import init_distributed, shutdown_distributed
+    from pretrain.distributed.process_group import init_distributed, shutdown_distributed
 
     try:
         cfg = to_object(dict_cfg)

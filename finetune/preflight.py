@@ -7,7 +7,8 @@ newest complete checkpoint's hf/ export) and what it was pretrained with, device
 batch split over the ranks, epochs, seeds and precision, where the data comes from, the output folder,
 the W&B mode. Problems are one line each naming the key and the fix (the runner's own wording where the
 runner checks the same thing later); `python -m finetune` stops on them with exit code 2 before anything
-is built. The report type and the device probe are the pretraining pre-flight's (`pretrain/preflight.py`).
+is built. The report type and the device probe are the pretraining pre-flight's
+(`pretrain/tools/preflight.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from finetune.runner import PRETRAINING_STATE_FILE, check_model_folder, read_pre
 from finetune.tasks import TASKS, TaskSpec
 from finetune.tasks.squad import squad_file
 from pretrain.config import Precision
-from pretrain.preflight import Report, devices, wandb_mode
+from pretrain.tools.preflight import Report, devices, wandb_mode
 
 OUTPUT_FILES = ("all_results.json", "metrics.jsonl")  # what a finished or interrupted run leaves behind
 

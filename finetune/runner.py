@@ -37,8 +37,8 @@ from tqdm import tqdm
 from finetune.config import FinetuneConfig
 from launch import cli
 from pretrain.config import Precision
-from pretrain.distributed import DistributedEnv, autocast_context
-from pretrain.metrics import (
+from pretrain.distributed.process_group import DistributedEnv, autocast_context
+from pretrain.observability.metrics import (
     ConsoleLogger,
     FanoutLogger,
     JsonlLogger,

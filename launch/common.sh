@@ -106,7 +106,7 @@ has_override() {  # key, overrides...
     return 1
 }
 
-# The pre-flight (pretrain/preflight.py) once, before torchrun starts a worker: the run's header on stdout
+# The pre-flight (pretrain/tools/preflight.py) once, before torchrun starts a worker: the run's header on stdout
 # (when the second argument is 1) and, for a config that cannot run here (a global batch the world size does
 # not divide, a cluster recipe on a machine without a GPU, ...), `pretrain: error: <one line>` on stderr and
 # exit 2, instead of every worker printing it amid torchrun's report. On success the workers are told the
@@ -124,7 +124,7 @@ run_preflight() {  # python, show the header (1/0), world size, overrides...
         fi
     done
     # Report.as_header prints the header from rank 0 only
-    env RANK=$((show == 1 ? 0 : 1)) WORLD_SIZE="$world" "$python" -m pretrain.preflight --header "$@" ||
+    env RANK=$((show == 1 ? 0 : 1)) WORLD_SIZE="$world" "$python" -m pretrain.tools.preflight --header "$@" ||
         status=$?
     if [[ $status -ne 0 ]]; then
         exit "$status"

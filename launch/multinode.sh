@@ -12,7 +12,7 @@ usage: launch/multinode.sh --nnodes N --rdzv-endpoint HOST:PORT [--rdzv-id ID]
 
 Run the same command on every node (by hand, pdsh, or srun: launch/slurm.sbatch does that). The
 node that owns HOST hosts the rendezvous; ranks are assigned when all N nodes have joined. Each node
-runs the pre-flight (pretrain/preflight.py) first: a config that cannot run is one line, exit 2.
+runs the pre-flight (pretrain/tools/preflight.py) first: a config that cannot run is one line, exit 2.
 A worker's exit code (2 error, 75 checkpointed, 76 peer lost) is the launcher's.
 
   --nnodes N              nodes (MIN:MAX for an elastic range)

@@ -11,7 +11,7 @@ usage: launch/torchrun.sh [--nproc N] [--print] [--] <hydra overrides>
 
 Runs `python -m pretrain <overrides>` on N processes of this machine under torchrun --standalone
 (a private rendezvous on a free local port, so several runs can share a machine). The pre-flight
-(pretrain/preflight.py) runs first, once: a config that cannot run here is one line, exit 2, before
+(pretrain/tools/preflight.py) runs first, once: a config that cannot run here is one line, exit 2, before
 any worker starts. A worker's exit code (2 error, 75 checkpointed, 76 peer lost) is the launcher's.
 
   --nproc N   processes; default: one per visible GPU (NCCL), or 2 on a machine without CUDA (gloo,

@@ -25,9 +25,9 @@ from pretrain.config import TrainConfig, to_object
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
 def main(dict_cfg: DictConfig) -> None:
-    from pretrain.distributed import init_distributed, shutdown_distributed
-    from pretrain.liveness import PEER_LOST_EXIT_CODE, PeerLost, watch
-    from pretrain.trainer import PREEMPTED_EXIT_CODE, Preempted, Trainer
+    from pretrain.distributed.liveness import PEER_LOST_EXIT_CODE, PeerLost, watch
+    from pretrain.distributed.process_group import init_distributed, shutdown_distributed
+    from pretrain.train.trainer import PREEMPTED_EXIT_CODE, Preempted, Trainer
 
     try:
         cfg = to_object(dict_cfg)
@@ -58,10 +58,11 @@ def main(dict_cfg: DictConfig) -> None:
 
 
 def preflight_header(cfg: TrainConfig) -> None:
-    """The pre-flight report (pretrain/preflight.py) from the launcher's rank 0, before anything is built;
+    """The pre-flight report (pretrain/tools/preflight.py) from the launcher's rank 0, before anything is
+    built;
     its errors stop every rank (each computes the same report) with the one-line message. Skipped when the
     launcher ran it for this world size before starting the workers (launch/common.sh): it printed both."""
-    from pretrain.preflight import build, checked_by_launcher
+    from pretrain.tools.preflight import build, checked_by_launcher
 
     if not checked_by_launcher():
         build(cfg).as_header()

@@ -100,7 +100,8 @@ class CheckpointConfig:
 @dataclass
 class DistConfig:
     # a collective that waits longer than this fails (a stalled or unreachable rank): the survivors name
-    # the rank and the step and exit 76 (pretrain.liveness.PEER_LOST_EXIT_CODE) for the scheduler to requeue
+    # the rank and the step and exit 76 (pretrain.distributed.liveness.PEER_LOST_EXIT_CODE) for the scheduler
+    # to requeue
     timeout_s: float = 600.0
     # how often each rank's heartbeat thread writes to the rendezvous store (the stalled-rank diagnosis)
     heartbeat_s: float = 5.0
@@ -155,13 +156,16 @@ class TrainConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     show_progress: bool = True
     peak_tflops: float | None = None  # per-device peak (e.g. 989 for H100 bf16 dense): enables the MFU metric
-    # simulated data parallelism (pretrain/simulated.py): each process runs k workers, so the run is one of
+    # simulated data parallelism (pretrain/train/simulated.py): each process runs k workers, so the run is
+    # one of
     # world size x k workers (1-bit error feedback, data split and averaging as on that many real ranks)
     sim_world_size: int = 1
     # per parameter family: 1-bit exchange fidelity, update sizes, vocabulary rows by token frequency
-    # (pretrain/diagnostics.py), at log steps; costs an fp32 allreduce of the momentum there (not counted)
+    # (pretrain/observability/diagnostics.py), at log steps; costs an fp32 allreduce of the momentum there
+    # (not counted)
     diagnostics: bool = False
-    # CPU runs: glibc keeps freed memory for reuse instead of unmapping it (pretrain/host_memory.py): no page
+    # CPU runs: glibc keeps freed memory for reuse instead of unmapping it (pretrain/train/host_memory.py):
+    # no page
     # faults per step from large temporaries; the same peak memory per rank in one-optimizer runs
     keep_host_memory: bool = True
 

@@ -178,7 +178,8 @@ class CompressedAllreduce:
         hook: called with ``"exchange"`` once per call, between the workers' signs and the servers'
             (after the all-to-all, before the all-gather); by default the class attribute
             ``CompressedAllreduce.hook`` (None), which the reliability tests' fault injection sets
-            (`pretrain.faults`) for the engines the optimizers build out of its reach. Set by whoever
+            (`pretrain.distributed.faults`) for the engines the optimizers build out of its reach. Set by
+            whoever
             builds the engine; never changes the result.
     """
 

@@ -1,5 +1,5 @@
 """An exact mean over data-parallel workers that sums in worker order, so k virtual workers in one process
-and k real processes give the same bits (`pretrain.simulated`): each process sends every chunk of its
+and k real processes give the same bits (`pretrain.train.simulated`): each process sends every chunk of its
 workers' rows to the chunk's owner (all_to_all), the owner adds the n rows in worker order and divides by
 n, and the owners' chunks are gathered (all_gather). Ring-allreduce traffic: each rank sends
 2·(n − 1)/n of the buffer (`TrafficCounter.record_exact`).

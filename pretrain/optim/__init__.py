@@ -113,7 +113,7 @@ def build_optimizer(
     """Build registry entry `name` from its config over `param_groups` (see `param_groups()`).
 
     `group` is the data-parallel process group and `virtual_workers` the simulated workers per process
-    (`pretrain.simulated`), used by the 1-bit optimizers only (the others see averaged gradients).
+    (`pretrain.train.simulated`), used by the 1-bit optimizers only (the others see averaged gradients).
     `exp_avg_mask` and `row_scales` keys are dropped, with a warning for the mask, for optimizers that
     do not use them.
     """

@@ -39,13 +39,14 @@ phases: to the server of each chunk, back from it) with error feedback on both s
   step itself. No bytes; one divisor buffer per rank.
 What each choice measured: docs/onebit-lamb.md and results/cpu-study/README.md.
 
-Virtual workers (`virtual_workers=k`, simulated data parallelism, `pretrain.simulated`): this process
+Virtual workers (`virtual_workers=k`, simulated data parallelism, `pretrain.train.simulated`): this process
 stands for k workers. In warmup the caller averages their gradients into `.grad` as usual; in the
 compression stage it writes worker w's own gradient into row w of `worker_gradients()` (views per
 parameter from `worker_gradient_views(w)`) instead of `.grad`, and `step()` forms each worker's local
 momentum from it and exchanges all k through the compressed allreduce (a world of n = group size · k).
 
-Diagnostics: an optional `probe` (`pretrain.diagnostics`) with `active`, `before_exchange(local, world
+Diagnostics: an optional `probe` (`pretrain.observability.diagnostics`) with `active`,
+`before_exchange(local, world
 size, group)` and `after_exchange(averaged, params, kappas)` sees the κ-scaled local and averaged
 momentum of each exchange while active (log steps only; its own traffic is not counted).
 """

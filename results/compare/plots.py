@@ -33,7 +33,7 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from pretrain.diagnostics import BUCKETS, FAMILIES
+from pretrain.observability.diagnostics import BUCKETS, FAMILIES
 from results.compare.analysis import (
     diverged,
     ema,
@@ -513,7 +513,8 @@ def bytes_figure(runs: list[Run], names: Naming | None = None) -> Figure | None:
     return figure
 
 
-# `diagnostics=true` runs (pretrain/diagnostics.py): one figure per metric, one panel per family or
+# `diagnostics=true` runs (pretrain/observability/diagnostics.py): one figure per metric, one panel per
+# family or
 # token-frequency bucket, one line per group; (file, metric prefix, companion prefix drawn dashed, title)
 DIAGNOSTIC_FIGURES = (
     ("diagnostics_fidelity.png", "diag/fidelity_cos/", None, "1-bit exchange: cosine to the exact average"),

@@ -1,6 +1,6 @@
 """Loading pretraining runs and their fine-tune results, from run folders or from W&B.
 
-A run folder `results/runs/<run>/` (pretrain/run_records.py) holds `metrics.jsonl` (one JSON object per
+A run folder `results/runs/<run>/` (pretrain/train/run_records.py) holds `metrics.jsonl` (one JSON object per
 logged step), `config.yaml` (the resolved config plus the flat keys `optimizer`, `global_batch`,
 `world_size`, `command`) and fine-tune results `finetune/**/all_results.json` (finetune/runner.py:
 per-seed metrics, `main_metric_key`, `pretraining_samples_seen`). Every problem is a `CompareError`

@@ -9,7 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from launch.local import run_local
-from pretrain.gradient_sync import GradientSync
+from pretrain.distributed.gradient_sync import GradientSync
 
 pytestmark = pytest.mark.distributed
 

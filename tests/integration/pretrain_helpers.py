@@ -49,8 +49,8 @@ def train_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
     """fn for run_local: train with `overrides`; -> digest of the parameters and the final state."""
     from dataclasses import asdict
 
-    from pretrain.distributed import init_distributed
-    from pretrain.trainer import Trainer
+    from pretrain.distributed.process_group import init_distributed
+    from pretrain.train.trainer import Trainer
 
     cfg = compose_train_config(overrides)
     trainer = Trainer(cfg, init_distributed())

@@ -45,7 +45,11 @@ def run(module: str, *overrides: str, **env: str) -> subprocess.CompletedProcess
         ("results.compare", "compare", "nokey=1", "key 'nokey' not in 'CompareConfig'"),
         ("results.compare.dashboard", "dashboard", "save=maybe", "override save=maybe"),
         pytest.param(
-            "pretrain.preflight", "preflight", "seed", "Error parsing override 'seed'", marks=pytest.mark.slow
+            "pretrain.tools.preflight",
+            "preflight",
+            "seed",
+            "Error parsing override 'seed'",
+            marks=pytest.mark.slow,
         ),
     ],
 )
@@ -60,7 +64,7 @@ def test_a_bad_override_is_one_line_and_exit_2(module: str, prog: str, override:
 
 @pytest.mark.slow  # the debug switch itself: tests/unit/test_cli.py
 def test_debug_true_shows_hydras_traceback():
-    done = run("pretrain.preflight", "optim=nosuch", "debug=true")
+    done = run("pretrain.tools.preflight", "optim=nosuch", "debug=true")
     assert done.returncode == 1
     assert "Traceback" in done.stderr and "MissingConfigException: In 'pretrain'" in done.stderr
 
@@ -75,6 +79,6 @@ def test_hydra_full_error_shows_a_mains_user_error_with_its_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_debug_true_is_not_an_override_hydra_sees():
-    done = run("pretrain.preflight", "batch=demo", "optim=lamb", "model=bert_tiny", "debug=true")
+    done = run("pretrain.tools.preflight", "batch=demo", "optim=lamb", "model=bert_tiny", "debug=true")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("pre-flight: bert_tiny")

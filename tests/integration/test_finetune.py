@@ -53,7 +53,7 @@ def compose_config(overrides: list[str]):
 
 def run_single(overrides: list[str]) -> dict:
     from finetune.runner import run_finetune
-    from pretrain.distributed import DistributedEnv
+    from pretrain.distributed.process_group import DistributedEnv
 
     # a world of one needs no process group; keeps the pytest process free of one
     env = DistributedEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
@@ -63,7 +63,7 @@ def run_single(overrides: list[str]) -> dict:
 def finetune_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
     """fn for run_local: fine-tune under a gloo group of `world_size`; -> the results (rank 0: metrics)."""
     from finetune.runner import run_finetune
-    from pretrain.distributed import init_distributed
+    from pretrain.distributed.process_group import init_distributed
 
     torch.set_num_threads(1)
     results = run_finetune(compose_config(overrides), init_distributed())

@@ -456,7 +456,7 @@ FAKE_TRAINING = """
     import json, os, signal, sys, time
 
     state = os.environ["FAKE_STATE"]
-    if sys.argv[1:3] == ["-m", "pretrain.preflight"]:
+    if sys.argv[1:3] == ["-m", "pretrain.tools.preflight"]:
         with open(state + "/preflight.json", "w") as f:
             ran = {{"argv": sys.argv[3:], "world": os.environ["WORLD_SIZE"], "rank": os.environ["RANK"]}}
             json.dump(ran, f)

@@ -1,4 +1,4 @@
-"""Pre-flight report (#17 item 1): `make preflight` / `python -m pretrain.preflight` and the header of
+"""Pre-flight report (#17 item 1): `make preflight` / `python -m pretrain.tools.preflight` and the header of
 `python -m pretrain`: what the run will do, and one-line errors for what cannot work."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain import preflight
+from pretrain.tools import preflight
 from tests.integration.pretrain_helpers import REPO_ROOT, compose_train_config
 
 LARGE = ["batch=64k", "optim=onebit_lamb", "model=bert_large", "precision=bf16", "dry_run=true"]
@@ -117,7 +117,7 @@ def test_onebit_on_one_process_says_compression_is_off(monkeypatch, tmp_path):
 def test_cli_exit_codes_and_the_pretrain_header(tmp_path):
     common = [f"data_dir={tmp_path / 'absent'}", f"run_dir={tmp_path / 'run'}"]
     ok = subprocess.run(
-        [sys.executable, "-m", "pretrain.preflight", *LARGE, "dry_run_world_size=8", *common],
+        [sys.executable, "-m", "pretrain.tools.preflight", *LARGE, "dry_run_world_size=8", *common],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr

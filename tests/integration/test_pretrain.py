@@ -19,7 +19,7 @@ from launch.local import run_local
 from pretrain.comm import padded_numel
 from pretrain.comm.counter import compressed_call_traffic, ring_allreduce_bytes
 from pretrain.model import build_model
-from pretrain.preflight import checkpoint_bytes
+from pretrain.tools.preflight import checkpoint_bytes
 from tests.integration.pretrain_helpers import (
     compose_train_config,
     parameter_digest,

@@ -1,4 +1,5 @@
-"""Launch 2-rank pretraining jobs under torchrun, inject faults (pretrain/faults.py), kill them, and
+"""Launch 2-rank pretraining jobs under torchrun, inject faults (pretrain/distributed/faults.py), kill them,
+and
 compare what they leave behind with an uninterrupted run, bit for bit."""
 
 from __future__ import annotations

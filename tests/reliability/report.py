@@ -135,8 +135,8 @@ def render(facts: list[dict], outcomes: list[dict], seconds: float, *, full: boo
         lines += [
             "## Interruptions of one 2-rank 1-bit LAMB job (torchrun, gloo), in order",
             "",
-            "Each launch carries the next fault (`BERT_LAMB_TEST_FAULT`, pretrain/faults.py) and resumes "
-            "with `resume=auto` from what the previous one left; the end result is compared with an "
+            "Each launch carries the next fault (`BERT_LAMB_TEST_FAULT`, pretrain/distributed/faults.py) and "
+            "resumes with `resume=auto` from what the previous one left; the end result is compared with an "
             "uninterrupted run bit for bit (every non-timing metric of every step, model, optimizer "
             "states with the 1-bit error buffers, RNG, data cursor).",
             "",

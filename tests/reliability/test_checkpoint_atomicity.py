@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 
 from pretrain import checkpoint as ckpt
-from pretrain.faults import ENV, Fault, FaultInjector, parse
+from pretrain.distributed.faults import ENV, Fault, FaultInjector, parse
 from tests.reliability.harness import checkpoint_digests, compare_trajectories
 
 

@@ -37,7 +37,7 @@ from tests.reliability.harness import kill_tree, pretrain_overrides, read_metric
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
 NUM_WORKERS = 2  # DataLoader workers per rank: the error must cross the worker boundary as one line
-PREFETCH_FACTOR = 2  # torch's default; pretrain/phase_data.py does not set it
+PREFETCH_FACTOR = 2  # torch's default; pretrain/train/phase_data.py does not set it
 ACCUMULATION = 2  # phase 1 of batch=demo: global batch 32 = 2 ranks x micro batch 8 x 2
 STEPS_AFTER_FLIP = 1 + NUM_WORKERS * PREFETCH_FACTOR // ACCUMULATION  # the step under way + prefetched
 FLIP_AFTER_STEPS = 4  # phase 1 has 40 steps, one epoch of the tiny data: the flip is mid-epoch

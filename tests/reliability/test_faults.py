@@ -411,8 +411,8 @@ def test_resume_at_another_world_size(tiny_data: Path, reference: Path, tmp_path
 
 def test_heartbeat_store_is_private_to_the_attempt():
     """The liveness keys of a torchrun restart attempt never see the previous attempt's (dead) ranks."""
-    from pretrain.distributed import DistributedEnv
-    from pretrain.liveness import _client_store
+    from pretrain.distributed.liveness import _client_store
+    from pretrain.distributed.process_group import DistributedEnv
 
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = DistributedEnv(0, 2, 0, torch.device("cpu"), "gloo")

@@ -4,7 +4,8 @@ trajectory (every non-timing metric of every step) and the final checkpoint (par
 optimizer state with the 1-bit error buffers, RNG, data cursor) are bitwise identical to an
 uninterrupted run's.
 
-One job is interrupted again and again: each launch carries the next fault (pretrain/faults.py) and
+One job is interrupted again and again: each launch carries the next fault (pretrain/distributed/faults.py)
+and
 resumes from what the previous one left. CI runs 3 kill points on a shortened recipe (20 steps);
 RELIABILITY_FULL=1 runs 10 on the whole demo recipe (50 steps). Also covered on the way: a kill while a
 checkpoint is being written (the partial `.tmp` is never resumed from), SIGTERM to one rank (every rank

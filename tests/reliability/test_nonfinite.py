@@ -1,4 +1,5 @@
-"""Inf/NaN in one rank's gradients (pretrain/faults.py poisons one element after backward): the step is
+"""Inf/NaN in one rank's gradients (pretrain/distributed/faults.py poisons one element after backward): the
+step is
 skipped on every rank, parameters, momentum, variance and the 1-bit error-feedback buffers stay as they
 were, the skipped-step counter rises in the metrics, and training continues with identical replicas.
 
@@ -38,8 +39,8 @@ def _snapshot(trainer) -> dict[str, str]:
 
 
 def poisoned_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
-    from pretrain.distributed import init_distributed
-    from pretrain.trainer import Trainer
+    from pretrain.distributed.process_group import init_distributed
+    from pretrain.train.trainer import Trainer
 
     os.environ["BERT_LAMB_TEST_FAULT"] = ";".join(f"{a}@{s},rank={r}" for s, (a, r) in POISON.items())
     trainer = Trainer(compose_train_config(overrides), init_distributed())

@@ -130,7 +130,7 @@ def test_ddp_buffer_keyword_matches_the_installed_torch(monkeypatch):
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from pretrain import distributed
+    from pretrain.distributed import process_group as distributed
 
     (keyword,) = distributed.no_buffer_sync()
     assert keyword in inspect.signature(DistributedDataParallel.__init__).parameters

@@ -56,13 +56,14 @@ def test_auto_pieces_and_bad_requests():
 
 def test_the_exchange_calls_its_hook_between_the_phases(monkeypatch):
     """The hook (`CompressedAllreduce(hook=...)`) is called once per call, after the workers' signs are
-    exchanged; the fault injection of the reliability tests sets it for every engine (`pretrain.faults`)."""
+    exchanged; the fault injection of the reliability tests sets it for every engine
+    (`pretrain.distributed.faults`)."""
     points: list[str] = []
     engine = CompressedAllreduce(64, virtual_workers=2, hook=points.append)
     engine(torch.randn(2, 64), torch.empty(64))
     assert points == ["exchange"]
 
-    from pretrain import faults
+    from pretrain.distributed import faults
 
     monkeypatch.setattr(CompressedAllreduce, "hook", None)  # restored after the test
     injector = faults.FaultInjector(faults.parse("usr1@3:exchange"), rank=0, attempt=0)

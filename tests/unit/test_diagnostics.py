@@ -1,4 +1,5 @@
-"""Optimizer diagnostics (pretrain/diagnostics.py) on a tiny BERT in one process, and the vocab subset."""
+"""Optimizer diagnostics (pretrain/observability/diagnostics.py) on a tiny BERT in one process, and the vocab
+subset."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from transformers import BertConfig, BertForPreTraining
 
 from data.vocab_subset import subset_vocabulary
-from pretrain.diagnostics import BUCKETS, FAMILIES, Diagnostics, family_of
+from pretrain.observability.diagnostics import BUCKETS, FAMILIES, Diagnostics, family_of
 from pretrain.optim import Lamb, OnebitLamb, param_groups
 
 VOCAB = 50

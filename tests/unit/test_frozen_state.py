@@ -1,11 +1,11 @@
-"""pretrain/frozen_state.py: the per-tensor table of what a frozen variance does to the step."""
+"""pretrain/tools/frozen_state.py: the per-tensor table of what a frozen variance does to the step."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pretrain.frozen_state import frozen_state_rows, main
+from pretrain.tools.frozen_state import frozen_state_rows, main
 
 
 def test_rows_flag_the_tensor_whose_variance_froze_small():

@@ -1,4 +1,5 @@
-"""pretrain/host_memory.py: with it, a freed large buffer is reused instead of faulting in fresh pages; the
+"""pretrain/train/host_memory.py: with it, a freed large buffer is reused instead of faulting in fresh pages;
+the
 trainer applies it on CPU by default; releasing gives the kept memory back."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 # it reuses a freed block for a same-sized aligned request: small allocations pin the blocks apart.)
 SCRIPT = """
 import resource, sys, torch
-from pretrain.host_memory import keep_freed_memory
+from pretrain.train.host_memory import keep_freed_memory
 if sys.argv[1] in ("keep", "release"):
     assert keep_freed_memory() and keep_freed_memory()
 faults = []
@@ -24,7 +25,7 @@ for _ in range(16):
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     del buffer
 if sys.argv[1] == "release":
-    from pretrain.host_memory import release_freed_memory
+    from pretrain.train.host_memory import release_freed_memory
     import psutil
     kept = psutil.Process().memory_info().rss
     assert release_freed_memory()
@@ -57,9 +58,9 @@ def test_releasing_gives_the_kept_memory_back():
 TRAINER = """
 import sys
 from tests.integration.pretrain_helpers import compose_train_config
-from pretrain import host_memory
-from pretrain.distributed import init_distributed
-from pretrain.trainer import Trainer
+from pretrain.train import host_memory
+from pretrain.distributed.process_group import init_distributed
+from pretrain.train.trainer import Trainer
 overrides = ["batch=demo", "model=bert_tiny", f"data_dir={sys.argv[1]}", f"run_dir={sys.argv[2]}",
              "wandb.mode=disabled", "num_workers=0", *sys.argv[3:]]
 Trainer(compose_train_config(overrides), init_distributed())

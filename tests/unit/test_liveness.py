@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pretrain.liveness import is_comm_failure
+from pretrain.distributed.liveness import is_comm_failure
 
 
 @pytest.mark.parametrize(

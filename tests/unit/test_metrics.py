@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pretrain.metrics import JsonlLogger, scrub_secrets, wandb_mode
+from pretrain.observability.metrics import JsonlLogger, scrub_secrets, wandb_mode
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"
 

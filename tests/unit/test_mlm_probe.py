@@ -1,4 +1,4 @@
-"""pretrain/mlm_probe.py: accuracy by kind of masked position, and the word-order control."""
+"""pretrain/tools/mlm_probe.py: accuracy by kind of masked position, and the word-order control."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pretrain.mlm_probe import breakdown, main, most_frequent_share, shuffle_words
+from pretrain.tools.mlm_probe import breakdown, main, most_frequent_share, shuffle_words
 
 VOCAB, CLS, SEP, MASK = 32, 1, 2, 3
 SPECIAL = torch.zeros(VOCAB, dtype=torch.bool)

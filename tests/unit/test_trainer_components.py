@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from pretrain.checkpoint import CheckpointError
-from pretrain.checkpointing import Checkpointer
 from pretrain.config import CheckpointConfig, PhaseConfig
-from pretrain.faults import FaultInjector
-from pretrain.gradient_sync import GradientSync
+from pretrain.distributed.faults import FaultInjector
+from pretrain.distributed.gradient_sync import GradientSync
+from pretrain.distributed.preemption import PreemptionSignals
 from pretrain.optim import OPTIMIZERS, OnebitOptimizer, build_optimizer
 from pretrain.optim.protocol import TrainingOptimizer, as_training_optimizer
-from pretrain.precision import NoScaler
-from pretrain.preemption import PreemptionSignals
-from pretrain.step_metrics import StepMetrics, StepTimer, TrainState
-from pretrain.train_setup import compresses
+from pretrain.train.checkpointing import Checkpointer
+from pretrain.train.precision import NoScaler
+from pretrain.train.step_metrics import StepMetrics, StepTimer, TrainState
+from pretrain.train.train_setup import compresses
 
 
 def _groups() -> list[dict]:

@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from pretrain.comm.counter import ring_allreduce_bytes
 from pretrain.config import PhaseConfig
-from pretrain.gradient_sync import GradientSync
+from pretrain.distributed.gradient_sync import GradientSync
 from pretrain.optim.protocol import TrainingOptimizer
-from pretrain.precision import NoScaler
+from pretrain.train.precision import NoScaler
 
 
 @dataclass

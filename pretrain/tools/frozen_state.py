@@ -1,7 +1,7 @@
 """What a 1-bit LAMB checkpoint's frozen variance does to each tensor's step.
 
-    python -m pretrain.frozen_state results/runs/<run>            # latest checkpoint of the run
-    python -m pretrain.frozen_state results/runs/<run>/checkpoints/step-00000400 --rank 1
+    python -m pretrain.tools.frozen_state results/runs/<run>            # latest checkpoint of the run
+    python -m pretrain.tools.frozen_state results/runs/<run>/checkpoints/step-00000400 --rank 1
 
 One row per parameter (optimizer order): its family, the median of √v (v frozen at `freeze_step`), the share
 of elements with √v below `--tiny` and of ‖u‖² they carry, u = m/(√v+ε) + λp (m the rank's momentum), and
@@ -22,7 +22,7 @@ import yaml
 from torch import Tensor, nn
 
 from pretrain.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from pretrain.diagnostics import family_of
+from pretrain.observability.diagnostics import family_of
 from pretrain.optim.config import DEEPSPEED_ALGORITHM, ONEBIT_LAMB_ALGORITHM
 from pretrain.optim.onebit import Compression
 from pretrain.optim.params import param_groups
@@ -67,7 +67,7 @@ def frozen_state_rows(
 
 
 def _ordered(model: nn.Module, config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(name, group) in the optimizer's order, as the trainer groups them (pretrain/train_setup.py)."""
+    """(name, group) in the optimizer's order, as the trainer groups them (pretrain/train/train_setup.py)."""
     optim = config["optim"]
     masks = bool(optim.get("mask_unused_position_embeddings", False)) and optim["name"].startswith("onebit")
     # a preset's config has no `compression` key (its algorithm's); a 1-bit Adam's and older runs' do
@@ -114,7 +114,7 @@ def inspect(path: Path, rank: int, tiny: float) -> list[TensorRow]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pretrain.frozen_state", description=__doc__.splitlines()[0]
+        prog="python -m pretrain.tools.frozen_state", description=__doc__.splitlines()[0]
     )
     parser.add_argument("path", type=Path, help="a run folder (its latest checkpoint) or a checkpoint folder")
     parser.add_argument("--rank", type=int, default=0, help="whose momentum (default 0)")

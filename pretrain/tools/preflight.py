@@ -1,7 +1,7 @@
 """Pre-flight report: what a pretraining run will do and whether it can, before a GPU hour is spent.
 
     make preflight BATCH=64k OPT=onebit_lamb MODEL=bert_large NPROC=64
-    python -m pretrain.preflight batch=64k optim=onebit_lamb model=bert_large dry_run_world_size=64
+    python -m pretrain.tools.preflight batch=64k optim=onebit_lamb model=bert_large dry_run_world_size=64
 
 One screen from the composed config alone (no data read, no model built beyond shapes on the meta device):
 devices seen, world size, per phase the micro batch, accumulation, samples and steps, the 1-bit
@@ -9,7 +9,7 @@ devices seen, world size, per phase the micro batch, accumulation, samples and s
 rank, checkpoint size against free disk at `run_dir`, whether the prepared data is there, the W&B mode.
 Impossible configurations are one line each and exit 2; suspicious ones are notes. `python -m pretrain`
 prints the same report's first lines as its header (`Report.as_header`). The launchers run it once before
-torchrun starts the workers (`python -m pretrain.preflight --header`, launch/common.sh) and tell the
+torchrun starts the workers (`python -m pretrain.tools.preflight --header`, launch/common.sh) and tell the
 workers, which then skip it (`CHECKED_WORLD_SIZE`).
 
 The memory figure is an estimate (parameters, gradients and optimizer state exactly; activations by the
@@ -40,7 +40,8 @@ LARGE_RECIPE_SAMPLES = 1_000_000  # more samples than this on CPU is a cluster r
 # Set by a launcher (launch/common.sh) in the workers' environment: the world size its pre-flight passed for;
 # the header is printed and the errors are decided already.
 CHECKED_WORLD_SIZE = "BERT_LAMB_PREFLIGHT_WORLD_SIZE"
-HEADER_FLAG = "--header"  # `python -m pretrain.preflight --header`: the run's header, as `python -m pretrain`
+# `python -m pretrain.tools.preflight --header`: the run's header, as `python -m pretrain`
+HEADER_FLAG = "--header"
 
 
 @dataclass

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import GradBucket
 
-from pretrain import faults
 from pretrain.comm.counter import ring_allreduce_bytes
+from pretrain.distributed import faults
 
 
 class GradientSync:
@@ -73,7 +73,8 @@ class GradientSync:
             return future
         if state.first_launch is None:
             state.first_launch = time.perf_counter()
-            faults.inside("grad_allreduce")  # test-only (pretrain/faults.py): the step's first bucket
+            # test-only (pretrain/distributed/faults.py): the step's first bucket
+            faults.inside("grad_allreduce")
         state.numel += buffer.numel()
         if buffer.dtype == state.dtype:
             sent = buffer.div_(state.world_size)

@@ -1,7 +1,7 @@
 """Has a pretrained checkpoint left the unigram stage? Masked-LM accuracy by kind of masked position.
 
-    python -m pretrain.mlm_probe results/runs/<run>                       # its latest checkpoint, its data
-    python -m pretrain.mlm_probe <checkpoint or HF folder> --data data/prepared/<name>/seq128
+    python -m pretrain.tools.mlm_probe results/runs/<run>                 # its latest checkpoint, its data
+    python -m pretrain.tools.mlm_probe <checkpoint or HF folder> --data data/prepared/<name>/seq128
 
 BERT's masked positions are 80 % [MASK], 10 % a random token and 10 % the token itself. A model that
 ignores its context copies its input at the kept positions (~90 % right there) and predicts the most
@@ -142,7 +142,9 @@ def probe(path: Path, data: Path | None, samples: int, seed: int) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pretrain.mlm_probe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m pretrain.tools.mlm_probe", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "path", type=Path, help="a run folder (its latest checkpoint), a checkpoint or HF folder"
     )

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from data.shards import load_manifest
 from pretrain.comm.kernels import describe_kernels
 from pretrain.config import TrainConfig
-from pretrain.distributed import DistributedEnv
-from pretrain.metrics import (
+from pretrain.distributed.process_group import DistributedEnv
+from pretrain.observability.metrics import (
     ConsoleLogger,
     FanoutLogger,
     JsonlLogger,
@@ -26,8 +26,8 @@ from pretrain.metrics import (
     WandbLogger,
     scrub_secrets,
 )
-from pretrain.phase_data import phase_folder
-from pretrain.step_metrics import TrainState
+from pretrain.train.phase_data import phase_folder
+from pretrain.train.step_metrics import TrainState
 
 
 class RunRecords:

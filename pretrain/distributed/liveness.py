@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from launch import cli
 from pretrain.config import DistConfig
-from pretrain.distributed import DistributedEnv
+from pretrain.distributed.process_group import DistributedEnv
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Heartbeat:
 
 def _client_store(env: DistributedEnv) -> dist.Store:
     """A store connection of this thread's own (the default group's client is not shared across threads),
-    private to this torchrun restart attempt like the process group's (pretrain.distributed)."""
+    private to this torchrun restart attempt like the process group's (pretrain.distributed.process_group)."""
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     store = dist.TCPStore(address, port, is_master=False, timeout=_STORE_TIMEOUT)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":

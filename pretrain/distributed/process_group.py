@@ -45,7 +45,8 @@ def init_distributed(timeout_s: float = 1800.0) -> DistributedEnv:
     torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*) is used as is; under a submitit
     SLURM task (Hydra's submitit launcher) it is derived from SLURM's by submitit itself. Only
     SUBMITIT_EXECUTOR is checked: SLURM_PROCID is also set in plain batch/salloc shells. `timeout_s`
-    bounds every collective (pretrain: `dist.timeout_s`; pretrain/liveness.py names a stalled peer).
+    bounds every collective (pretrain: `dist.timeout_s`; pretrain/distributed/liveness.py names a stalled
+    peer).
     """
     if "RANK" not in os.environ and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         from submitit.helpers import TorchDistributedEnvironment

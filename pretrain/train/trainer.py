@@ -4,11 +4,12 @@ Per step (`train_step`): fetch the rank's micro-batches, forward/backward under 
 last micro-batch (DDP's hook averages gradients, or not at all in the 1-bit compression stage), the
 optimizer step (the 1-bit optimizers exchange compressed momentum inside it), metrics at log steps.
 
-The trainer is handed its components (`pretrain.train_setup.build_components`, the composition root):
+The trainer is handed its components (`pretrain.train.train_setup.build_components`, the composition root):
 model and DDP wrapper, the optimizer as `pretrain.optim.protocol.TrainingOptimizer`, loss scaler, phase
-data, checkpoints and HF export (`pretrain.checkpointing`), counters and step metrics
-(`pretrain.step_metrics`), preemption signals (`pretrain.preemption`), run records and loggers
-(`pretrain.run_records`), diagnostics and the test-only fault injector. `Trainer(cfg, env)` builds them.
+data, checkpoints and HF export (`pretrain.train.checkpointing`), counters and step metrics
+(`pretrain.train.step_metrics`), preemption signals (`pretrain.distributed.preemption`), run records and
+loggers
+(`pretrain.train.run_records`), diagnostics and the test-only fault injector. `Trainer(cfg, env)` builds them.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import torch
 from tqdm import tqdm
 
 from pretrain.config import PhaseConfig, TrainConfig
-from pretrain.distributed import DistributedEnv, autocast_context
-from pretrain.metrics import MetricsLogger, NullLogger
+from pretrain.distributed.preemption import PREEMPTED_EXIT_CODE, Preempted
+from pretrain.distributed.process_group import DistributedEnv, autocast_context
+from pretrain.observability.metrics import MetricsLogger, NullLogger
 from pretrain.optim.schedule import build_scheduler
-from pretrain.phase_data import PhaseData
-from pretrain.preemption import PREEMPTED_EXIT_CODE, Preempted
-from pretrain.simulated import VirtualPhaseData
-from pretrain.step_metrics import StepTimer, TrainState
-from pretrain.train_setup import TrainerComponents, build_components
+from pretrain.train.phase_data import PhaseData
+from pretrain.train.simulated import VirtualPhaseData
+from pretrain.train.step_metrics import StepTimer, TrainState
+from pretrain.train.train_setup import TrainerComponents, build_components
 
 __all__ = ["PREEMPTED_EXIT_CODE", "Preempted", "TrainState", "Trainer"]
 

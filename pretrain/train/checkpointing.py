@@ -21,12 +21,12 @@ from torch import nn
 
 from pretrain import checkpoint as ckpt
 from pretrain.config import CheckpointConfig
-from pretrain.faults import FaultInjector
+from pretrain.distributed.faults import FaultInjector
 from pretrain.optim.base import split_replicated
 from pretrain.optim.config import OptimizerConfig
-from pretrain.precision import NoScaler
-from pretrain.simulated import SimulatedRanks
-from pretrain.step_metrics import TrainState
+from pretrain.train.precision import NoScaler
+from pretrain.train.simulated import SimulatedRanks
+from pretrain.train.step_metrics import TrainState
 
 log = logging.getLogger("pretrain")
 

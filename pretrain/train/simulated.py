@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.optim import needs_gradient_allreduce
-from pretrain.phase_data import PhaseData
+from pretrain.train.phase_data import PhaseData
 
 
 def worker_seed(seed: int, worker: int) -> int:

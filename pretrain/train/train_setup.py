@@ -1,5 +1,5 @@
 """The trainer's composition root: `build_components(cfg, env)` builds, in dependency order, everything
-`pretrain.trainer.Trainer` is handed.
+`pretrain.train.trainer.Trainer` is handed.
 
 Order (the RNG draws depend on it): seeds; the data's checks (every phase's shards, one tokenizer); the
 model (initialized from the seeded RNG) and its DDP wrapper with the switchable gradient-sync hook; the
@@ -29,30 +29,31 @@ from torch.nn.parallel import DistributedDataParallel
 from data.dataset import PretrainingDataset
 from data.shards import load_manifest
 from data.tokenizer import load_prepared_tokenizer
-from pretrain.checkpointing import Checkpointer, HfExport
 from pretrain.config import PhaseConfig, Precision, TrainConfig
-from pretrain.diagnostics import Diagnostics, token_counts
-from pretrain.distributed import DistributedEnv, no_buffer_sync
-from pretrain.faults import FaultInjector
-from pretrain.gradient_sync import GradientSync
-from pretrain.host_memory import keep_freed_memory
+from pretrain.distributed.faults import FaultInjector
+from pretrain.distributed.gradient_sync import GradientSync
+from pretrain.distributed.preemption import PreemptionSignals
+from pretrain.distributed.process_group import DistributedEnv, no_buffer_sync
 from pretrain.model import PretrainingObjective, build_model, column_major_linear_weights_
+from pretrain.observability.diagnostics import Diagnostics, token_counts
 from pretrain.optim import OPTIMIZERS, build_optimizer, param_groups
 from pretrain.optim.config import GradAllreduce
 from pretrain.optim.onebit import Compression, OnebitOptimizer
 from pretrain.optim.protocol import LoopOptimizer, as_training_optimizer
-from pretrain.phase_data import PhaseData, phase_folder
-from pretrain.precision import DynamicLossScaler, NoScaler
-from pretrain.preemption import PreemptionSignals
-from pretrain.run_records import RunRecords
-from pretrain.simulated import SimulatedRanks, VirtualPhaseData, worker_seed
-from pretrain.step_metrics import StepMetrics
+from pretrain.train.checkpointing import Checkpointer, HfExport
+from pretrain.train.host_memory import keep_freed_memory
+from pretrain.train.phase_data import PhaseData, phase_folder
+from pretrain.train.precision import DynamicLossScaler, NoScaler
+from pretrain.train.run_records import RunRecords
+from pretrain.train.simulated import SimulatedRanks, VirtualPhaseData, worker_seed
+from pretrain.train.step_metrics import StepMetrics
 
 log = logging.getLogger("pretrain")
 
 
 class PhaseDataSource:
-    """Opens a phase's data for this rank, or for each of its simulated workers (`pretrain.simulated`)."""
+    """Opens a phase's data for this rank, or for each of its simulated workers
+    (`pretrain.train.simulated`)."""
 
     def __init__(
         self,
@@ -119,7 +120,7 @@ def build_components(cfg: TrainConfig, env: DistributedEnv) -> TrainerComponents
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     if cfg.keep_host_memory and env.device.type == "cpu":
-        keep_freed_memory()  # no page faults per step from large temporaries (pretrain/host_memory.py)
+        keep_freed_memory()  # no page faults per step from large temporaries (pretrain/train/host_memory.py)
     workers = env.world_size * cfg.sim_world_size
     simulated = None
     if cfg.sim_world_size > 1:
@@ -154,7 +155,7 @@ def build_components(cfg: TrainConfig, env: DistributedEnv) -> TrainerComponents
     if cfg.diagnostics:
         counts = token_counts(phase_folder(cfg.data_dir, phases[0].max_seq_length), vocab_size)
         diagnostics = Diagnostics(model, optimizer, counts)
-    # this rank's dropout stream, as its simulated twin would have it (pretrain/simulated.py)
+    # this rank's dropout stream, as its simulated twin would have it (pretrain/train/simulated.py)
     torch.manual_seed(worker_seed(cfg.seed, env.rank))
 
     records = RunRecords(cfg, env, compressed_exchange=compressed)
