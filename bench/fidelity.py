@@ -10,6 +10,9 @@ carry the arm (`onebit_lamb`, `onebit_lamb_deepspeed`, or the preset and what an
 every number comes from the committed runs, so the file is reproducible from them. The study's long arm
 (`results/cpu-study-long/summary.json`, 3,000 steps), when present, adds the same records ending in `_long`,
 and the seq-32 study (`results/cpu-study-s32/summary.json`, where LAMB leaves the unigram stage) in `_s32`.
+The rungs beyond BERT-tiny at batch 128 (`results/cpu-study-m/`, `results/cpu-study-b/`: a larger model, a
+larger batch, against LAMB and AdamW tuned per rung) add records named by model and batch, each with its
+status, from whatever runs exist (`bench/fidelity_rungs.py`).
 
 It also states each exchange's byte cost for BERT-Large (`bert_large_compression_bytes_<mode>_n<n>`):
 one compression-stage call's bytes per rank from the byte counter's formulas on the real BERT-Large
@@ -25,6 +28,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.fidelity_rungs import all_rung_records
 from bench.records import Record, write_records
 
 STUDY = Path(__file__).resolve().parents[1] / "results" / "cpu-study" / "summary.json"
@@ -218,4 +222,5 @@ def main(argv: list[str]) -> None:
     for summary, tail in ((args.long_summary, "_long"), (args.s32_summary, "_s32")):
         if summary.is_file():
             records += records_from_summary(json.loads(summary.read_text()), tail=tail)
+    records += all_rung_records()
     write_records("fidelity", records + byte_cost_records())

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# Reproduces the study's rungs beyond BERT-tiny at batch 128 (issue #50): 1-bit LAMB against tuned LAMB and
+# AdamW on the seq-32 recipe (results/cpu-study/README.md, "The seq-32 study"), one rung per model and batch:
+#   m   BERT-mini (4 x 256, dropout off as BERT-tiny's) at batch 128, 3,200 steps (conf/batch/cpu_study_s32.yaml)
+#   b   BERT-tiny at batch 1,024, 400 steps, the same 409,600 samples (conf/batch/cpu_study_s32_b1024.yaml)
+# Each rung's settings (model, recipe, the LRs swept, worker counts, logging) are bench/fidelity_rungs.py's
+# RUNGS; its report is results/cpu-study-<rung>/README.md, the runs' small files results/cpu-study-<rung>/runs/,
+# the records results/bench/fidelity.json (`python -m bench fidelity`).
+#
+# Runs go to results/runs/cpu-rung-<rung>-<arm>-lr<lr>-<workers>-s<seed> (arm lamb, adamw, onebit_lamb,
+# onebit_lamb_deepspeed; workers n2 = 2 processes, simK = 2 processes x K/2 simulated workers); every run logs
+# the diagnostics (diagnostics=true). A run whose summary.json exists (fine-tune: all_results.json) is skipped,
+# so the script picks up where an interrupted one stopped; an interrupted rung-M run resumes from its last
+# checkpoint (every 800 steps). Each pretraining run's wall time goes to results/runs/cpu-rung-times.tsv.
+# Stages (STAGES, in this order; each rung in RUNGS):
+#   data        the study's 8K vocabulary (its sha256 checked) and the sample at seq 32 (data/prepared/)
+#   lamb_sweep  LAMB at the rung's three LRs (x3 apart around the recipe's), seed 1, 2 processes; while the
+#               best is at an edge, one more LR beyond it (at most two more)
+#   adamw_sweep the same for AdamW (optim=adamw: torch's fused AdamW, bias-corrected, the recipe's schedule)
+#   seeds       LAMB and AdamW at their best LRs, SEEDS
+#   onebit      the default (optim=onebit_lamb) at LAMB's best LR, SEEDS x the rung's worker counts
+#   deepspeed   DeepSpeed's algorithm (optim=onebit_lamb_deepspeed) at LAMB's best LR, seed 1 x the worker
+#               counts; seeds 2-3 where seed 1 is within 2 LAMB seed std of the target (needs LAMB's 3 seeds)
+#   onebit_lr   the default at the LRs x3 below and above LAMB's best, seed 1, 2 processes
+#   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
+#   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
+#               FT_LRS (default 3e-4 1e-3 3e-3) -> results/cpu-study-<rung>/finetune-lr<LR>/ (outside the runs)
+#   finetune    SST-2 (full training set, length 32, 1 epoch, LR FT_LR: default 1e-3, the seq-32 study's) of
+#               every finished run at its arm's best LR that did not diverge, seed = the run's; the floor at
+#               seeds 1-3
+#   report      keep the runs' small files in results/cpu-study-<rung>/runs/, `make compare` of the best-LR
+#               runs (results/cpu-study-<rung>/report.md), the records (python -m bench fidelity)
+# Not in the default STAGES: none. DRY=1 lists the pretraining runs still to do (sweeps: the planned LRs) and
+# runs nothing. Every run is started under `nice -n ${NICE:-19}` (a shared 2-core machine).
+#   results/cpu-study-rungs/reproduce.sh                                      # everything, both rungs
+#   RUNGS=b STAGES="lamb_sweep adamw_sweep report" results/cpu-study-rungs/reproduce.sh   # a subset
+#   DRY=1 RUNGS=m results/cpu-study-rungs/reproduce.sh                        # what is pending
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNGS=${RUNGS:-"b m"}
+SEEDS=${SEEDS:-"1 2 3"}
+STAGES=${STAGES:-"data lamb_sweep adamw_sweep seeds onebit deepspeed onebit_lr floor ft_lr finetune report"}
+FT_LR=${FT_LR:-1e-3}
+FT_LRS=${FT_LRS:-"3e-4 1e-3 3e-3"}
+DRY=${DRY:-0}
+NICE=${NICE:-19}
+SIM_PROCESSES=2
+DATA=sample_8k_s32
+PY=.venv/bin/python
+TIMES=results/runs/cpu-rung-times.tsv
+declare -A LISTED=()  # DRY: the runs listed so far
+export OMP_NUM_THREADS=1 WANDB_MODE=disabled
+
+# the environment: `make setup` (not here when .venv is a link to another checkout's, as in a git worktree:
+# its stamp would be older than this checkout's files and setup would reinstall the project from here)
+[[ -L .venv || -x $PY ]] || make --no-print-directory setup
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+declare -A ARM=(
+  [lamb]="optim=lamb"
+  [adamw]="optim=adamw optim.fused=true"
+  [onebit_lamb]="optim=onebit_lamb"
+  [onebit_lamb_deepspeed]="optim=onebit_lamb_deepspeed"
+)
+
+if stage data && (( ! DRY )); then  # as results/cpu-study/reproduce.sh: the vocabulary, then the seq-32 sample
+  VOCAB=data/prepared/vocab/sample-8192.txt
+  VOCAB_SHA256=3bbba317d37e628781b478be6d56ffe2ccf593291da729d0179a2c48ac65b573
+  if [[ ! -f $VOCAB ]]; then
+    $PY -m data.prepare data=sample data.instances.short_seq_draw=document \
+      data.shards.output_dir=data/prepared/sample_vocab_source show_progress=false
+    $PY -m data.vocab_subset data/prepared/sample_vocab_source/seq128 8192 "$VOCAB"
+  fi
+  if [[ $(sha256sum "$VOCAB" | cut -d' ' -f1) != "$VOCAB_SHA256" ]]; then
+    echo "reproduce.sh: $VOCAB is not the study's vocabulary (sha256 differs): remove it and data/prepared/$DATA, then re-run" >&2
+    exit 2
+  fi
+  [[ -f data/prepared/$DATA/seq32/manifest.json ]] || $PY -m data.prepare data="$DATA" show_progress=false
+fi
+
+# pretrain <arm> <lr> <workers: n2 | sim32 | sim64> <seed>
+pretrain() {
+  local arm=$1 lr=$2 workers=$3 seed=$4
+  local run="cpu-rung-$RUNG-$arm-lr$lr-$workers-s$seed"
+  [[ -f results/runs/$run/summary.json ]] && return 0
+  if (( DRY )); then
+    [[ -n ${LISTED[$run]:-} ]] || echo "pending $run"
+    LISTED[$run]=1
+    return 0
+  fi
+  local processes=$SIM_PROCESSES per_process=1
+  case $workers in
+    n*) processes=${workers#n} ;;
+    sim*) per_process=$(( ${workers#sim} / SIM_PROCESSES )) ;;
+  esac
+  local share=$(( GLOBAL / (processes * per_process) ))
+  local micro=$(( share < 64 ? share : 64 ))  # 64 x 32 tokens, as the seq-32 study
+  local every=0 start=$SECONDS load
+  [[ $RUNG == m ]] && every=800  # ~1 h runs: resumable from a checkpoint
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  # shellcheck disable=SC2086
+  nice -n "$NICE" env OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) launch/torchrun.sh --nproc "$processes" -- \
+    batch="$BATCH" ${ARM[$arm]} model="$MODEL" $MODEL_ARGS data_dir="data/prepared/$DATA" seed="$seed" \
+    run_name="$run" sim_world_size="$per_process" batch.phases.0.micro_batch="$micro" batch.phases.0.lr="$lr" \
+    diagnostics=true log_every="$LOG_EVERY" checkpoint.every_steps="$every" wandb.mode=disabled show_progress=false
+  printf '%s\t%d\t%s\n' "$run" $(( SECONDS - start )) "$load" >> "$TIMES"
+}
+
+# tune <lamb | adamw>: the planned LRs, then one beyond an edge while the best sits at one
+tune() {
+  local optimizer=$1 next lrs
+  if (( DRY )); then
+    lrs=$([[ $optimizer == lamb ]] && echo "$LAMB_LRS" || echo "$ADAMW_LRS")
+    for lr in $lrs; do pretrain "$optimizer" "$lr" n2 1; done
+    return 0
+  fi
+  local previous=""
+  while true; do
+    read -r _ next <<< "$($PY -m bench.fidelity_rungs best-lr "$RUNG" "$optimizer" results/runs)"
+    [[ $next == - ]] && return 0
+    if [[ $next == "$previous" ]]; then echo "reproduce.sh: $optimizer at LR $next did not finish" >&2; exit 1; fi
+    pretrain "$optimizer" "$next" n2 1
+    previous=$next
+  done
+}
+
+best_lr() { $PY -m bench.fidelity_rungs best-lr "$RUNG" "$1" results/runs | cut -d' ' -f1; }
+
+diverged() {  # diverged <run folder>: non-finite or ending above its first loss (results/compare/analysis.py)
+  $PY -c 'import sys; from pathlib import Path; from results.compare.analysis import diverged
+from results.compare.runs import load_run_folder
+sys.exit(0 if diverged(load_run_folder(Path(sys.argv[1]))) else 1)' "$1"
+}
+
+sst2() {  # sst2 <model folder> <output folder> <LR> <seed>
+  [[ -f $2/all_results.json ]] && return 0
+  (( DRY )) && { echo "pending fine-tune $2"; return 0; }
+  nice -n "$NICE" env OMP_NUM_THREADS=2 $PY -m finetune task=sst2 model_path="$1" output_dir="$2" task.lr="$3" \
+    task.epochs=1 task.max_length=32 "seeds=[$4]" wandb.mode=disabled show_progress=false
+}
+
+MODEL="" BATCH="" GLOBAL="" LAMB_LRS="" ADAMW_LRS="" RUNG_WORKERS="" LOG_EVERY="" MODEL_ARGS=""
+for RUNG in $RUNGS; do
+  eval "$($PY -m bench.fidelity_rungs spec "$RUNG")"  # sets the variables above
+  FOLDER=results/cpu-study-$RUNG
+  FLOOR=results/runs/cpu-rung-floor-$MODEL
+  mkdir -p results/runs
+  stage lamb_sweep && tune lamb
+  stage adamw_sweep && tune adamw
+  LAMB_LR=$(best_lr lamb)
+  ADAMW_LR=$(best_lr adamw)
+  if stage seeds; then
+    for seed in $SEEDS; do
+      pretrain lamb "$LAMB_LR" n2 "$seed"
+      pretrain adamw "$ADAMW_LR" n2 "$seed"
+    done
+  fi
+  if stage onebit; then
+    for seed in $SEEDS; do
+      for workers in $RUNG_WORKERS; do pretrain onebit_lamb "$LAMB_LR" "$workers" "$seed"; done
+    done
+  fi
+  if stage deepspeed; then
+    for workers in $RUNG_WORKERS; do pretrain onebit_lamb_deepspeed "$LAMB_LR" "$workers" 1; done
+    for workers in $($PY -m bench.fidelity_rungs deepspeed-seeds "$RUNG" results/runs); do
+      for seed in $SEEDS; do pretrain onebit_lamb_deepspeed "$LAMB_LR" "$workers" "$seed"; done
+    done
+  fi
+  if stage onebit_lr; then
+    for lr in $($PY -m bench.fidelity_rungs lr-neighbours "$LAMB_LR"); do pretrain onebit_lamb "$lr" n2 1; done
+  fi
+  if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( ! DRY )); then
+    # shellcheck disable=SC2086
+    nice -n "$NICE" $PY -m pretrain batch="$BATCH" optim=lamb model="$MODEL" $MODEL_ARGS data_dir="data/prepared/$DATA" \
+      seed=1 run_name="cpu-rung-floor-$MODEL" max_steps=0 wandb.mode=disabled show_progress=false
+  fi
+  if stage ft_lr; then  # LAMB's seed-1 checkpoint and the floor, outside the run folders
+    lamb=results/runs/cpu-rung-$RUNG-lamb-lr$LAMB_LR-n2-s1
+    for lr in $FT_LRS; do
+      for run in "$lamb" "$FLOOR"; do
+        [[ -f $run/summary.json || $run == "$FLOOR" ]] || continue
+        [[ -d $run/checkpoints ]] || continue
+        sst2 "$run" "$FOLDER/finetune-lr$lr/$(basename "$run")" "$lr" 1
+      done
+    done
+  fi
+  if stage finetune; then
+    if [[ -d $FLOOR/checkpoints ]]; then
+      for seed in 1 2 3; do sst2 "$FLOOR" "$FLOOR/finetune/final/sst2-len32-s$seed" "$FT_LR" "$seed"; done
+    fi
+    for run in results/runs/cpu-rung-"$RUNG"-{lamb-lr"$LAMB_LR",adamw-lr"$ADAMW_LR",onebit_lamb-lr"$LAMB_LR",onebit_lamb_deepspeed-lr"$LAMB_LR"}-*; do
+      [[ -f $run/summary.json ]] || continue
+      diverged "$run" && continue  # nothing to fine-tune; the records count it
+      sst2 "$run" "$run/finetune/final/sst2-len32" "$FT_LR" "${run##*-s}"
+    done
+  fi
+  if stage report && (( ! DRY )); then
+    # the small files (metrics, summaries, configs, fine-tune results) next to the report; runs kept from an
+    # earlier machine (committed, no longer under results/runs/) stay as they are
+    for run_dir in results/runs/cpu-rung-"$RUNG"-* "$FLOOR"; do
+      [[ -f $run_dir/summary.json || -d $run_dir/finetune ]] || continue  # unfinished: not reported
+      keep=$FOLDER/runs/$(basename "$run_dir")
+      mkdir -p "$keep"
+      for file in metrics.jsonl summary.json config.yaml; do
+        [[ -f $run_dir/$file ]] || continue
+        rm -f "$keep/$file" "$keep/$file.gz"
+        cp "$run_dir/$file" "$keep/"
+      done
+      # metrics with diagnostics pass 1 MiB: kept compressed (results.compare reads both)
+      if [[ -f $keep/metrics.jsonl ]] && (( $(stat -c %s "$keep/metrics.jsonl") > 1048576 )); then
+        gzip -n -9 "$keep/metrics.jsonl"
+      fi
+      (cd "$run_dir" && find finetune -name all_results.json -exec cp --parents {} "../../../$keep/" \;) || true
+    done
+    if [[ -f $TIMES ]]; then grep "^cpu-rung-$RUNG-" "$TIMES" > "$FOLDER/run-times.tsv" || true; fi
+    # the comparison of each arm at its LR (LAMB's best for the 1-bit arms; the sweeps' other LRs left out:
+    # the comparison groups runs by optimizer options, and the LR is a batch option)
+    runs=$(find "$FOLDER/runs" -maxdepth 1 \( -name "cpu-rung-$RUNG-lamb-lr$LAMB_LR-*" \
+      -o -name "cpu-rung-$RUNG-adamw-lr$ADAMW_LR-*" -o -name "cpu-rung-$RUNG-onebit_lamb-lr$LAMB_LR-*" \
+      -o -name "cpu-rung-$RUNG-onebit_lamb_deepspeed-lr$LAMB_LR-*" \) | sort | paste -sd,)
+    if [[ -n $runs ]]; then
+      $PY -m results.compare study="cpu-study-$RUNG" "runs=[$runs]" final_window=10
+    fi
+  fi
+done
+if stage report && (( ! DRY )); then $PY -m bench fidelity; fi
+if (( DRY )); then
+  echo "${#LISTED[@]} pretraining runs pending (the stages after the sweeps at the best LRs so far)"
+fi
