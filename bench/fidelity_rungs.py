@@ -234,9 +234,10 @@ class Sweep:
 
     @property
     def next_lr(self) -> str | None:
-        """The next LR to run: the planned ones first, then one beyond the edge the best sits at (at most
-        `MAX_EXTRA_LRS` beyond the plan)."""
-        for lr in self.planned:
+        """The next LR to run: the planned ones first (the recipe's, the middle one, before the others), then
+        one beyond the edge the best sits at (at most `MAX_EXTRA_LRS` beyond the plan)."""
+        middle = self.planned[len(self.planned) // 2]
+        for lr in (middle, *(lr for lr in self.planned if lr != middle)):
             if lr not in self.losses:
                 return lr
         edge = self.edge

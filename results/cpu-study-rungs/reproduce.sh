@@ -30,8 +30,8 @@
 #               seeds 1-3
 #   report      keep the runs' small files in results/cpu-study-<rung>/runs/, `make compare` of the best-LR
 #               runs (results/cpu-study-<rung>/report.md), the records (python -m bench fidelity)
-# Not in the default STAGES: none. DRY=1 lists the pretraining runs still to do (sweeps: the planned LRs) and
-# runs nothing. Every run is started under `nice -n ${NICE:-19}` (a shared 2-core machine).
+# DRY=1 lists the pretraining runs still to do (sweeps: the planned LRs) and runs nothing; MAX_RUNS=<n> stops
+# after n pretraining runs. Every run is started under `nice -n ${NICE:-19}` (a shared 2-core machine).
 #   results/cpu-study-rungs/reproduce.sh                                      # everything, both rungs
 #   RUNGS=b STAGES="lamb_sweep adamw_sweep report" results/cpu-study-rungs/reproduce.sh   # a subset
 #   DRY=1 RUNGS=m results/cpu-study-rungs/reproduce.sh                        # what is pending
@@ -49,6 +49,7 @@ DATA=sample_8k_s32
 PY=.venv/bin/python
 TIMES=results/runs/cpu-rung-times.tsv
 declare -A LISTED=()  # DRY: the runs listed so far
+STARTED=0  # pretraining runs done by this invocation (MAX_RUNS=<n>: stop before the next)
 export OMP_NUM_THREADS=1 WANDB_MODE=disabled
 
 # the environment: `make setup` (not here when .venv is a link to another checkout's, as in a git worktree:
@@ -83,6 +84,7 @@ pretrain() {
   local arm=$1 lr=$2 workers=$3 seed=$4
   local run="cpu-rung-$RUNG-$arm-lr$lr-$workers-s$seed"
   [[ -f results/runs/$run/summary.json ]] && return 0
+  if [[ -n ${MAX_RUNS:-} ]] && (( STARTED >= MAX_RUNS )); then exit 0; fi
   if (( DRY )); then
     [[ -n ${LISTED[$run]:-} ]] || echo "pending $run"
     LISTED[$run]=1
@@ -104,6 +106,7 @@ pretrain() {
     run_name="$run" sim_world_size="$per_process" batch.phases.0.micro_batch="$micro" batch.phases.0.lr="$lr" \
     diagnostics=true log_every="$LOG_EVERY" checkpoint.every_steps="$every" wandb.mode=disabled show_progress=false
   printf '%s\t%d\t%s\n' "$run" $(( SECONDS - start )) "$load" >> "$TIMES"
+  STARTED=$(( STARTED + 1 ))
 }
 
 # tune <lamb | adamw>: the planned LRs, then one beyond an edge while the best sits at one

@@ -105,7 +105,8 @@ def test_lr_names_and_the_x3_grid():
 
 def test_the_sweep_runs_the_plan_then_one_lr_beyond_an_edge():
     planned = ("1e-2", "3e-2", "1e-1")
-    assert Sweep("lamb", planned, {"1e-2": 4.5}).next_lr == "3e-2"
+    assert Sweep("lamb", planned, {}).next_lr == "3e-2"  # the recipe's LR first
+    assert Sweep("lamb", planned, {"3e-2": 4.5}).next_lr == "1e-2"
     interior = Sweep("lamb", planned, {"1e-2": 4.5, "3e-2": 4.0, "1e-1": 4.4})
     assert interior.best == "3e-2" and interior.next_lr is None and interior.status == "complete"
     high = Sweep("lamb", planned, {"1e-2": 4.5, "3e-2": 4.2, "1e-1": 4.1})
@@ -203,8 +204,8 @@ def test_downstream_gap_in_pooled_seed_std_and_the_floor(tmp_path: Path):
 
 
 def test_the_scripts_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    main(["best-lr", "b", "lamb", str(tmp_path)])  # nothing run yet: the recipe's LR, then the first planned
-    assert capsys.readouterr().out.split() == ["3e-2", "1e-2"]
+    main(["best-lr", "b", "lamb", str(tmp_path)])  # nothing run yet: the recipe's LR, and it is the next
+    assert capsys.readouterr().out.split() == ["3e-2", "3e-2"]
     write_run(tmp_path, "lamb", "1e-2", "n2", 1, 4.3)
     write_run(tmp_path, "lamb", "3e-2", "n2", 1, 4.1)
     write_run(tmp_path, "lamb", "1e-1", "n2", 1, 4.0)
