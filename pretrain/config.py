@@ -28,6 +28,10 @@ class Precision(str, enum.Enum):
     fp16 = "fp16"  # with dynamic loss scaling; overflow agreed across ranks
 
 
+# a compiled step keeps one graph per shape (Dynamo's recompile limit is 8): the bins plus phase 1's shape
+MAX_LENGTH_BINS = 6
+
+
 @dataclass
 class PhaseConfig:
     """One pretraining phase. Steps are optimizer steps of `global_batch` sequences."""
@@ -43,11 +47,28 @@ class PhaseConfig:
     # cumulative across phases because phase 2 continues phase 1's optimizer state), at which the
     # compression stage starts. null in a later phase: continue the previous phase's stage.
     freeze_step: int | None = None
+    # a few fixed sequence lengths, ascending, the last max_seq_length: each step's samples on a rank are
+    # ordered by length into its micro-batches and each micro-batch cut to the shortest bin that holds it
+    # (the same samples and tokens, less padding; a compiled step sees len(length_bins) static shapes).
+    # pretrain.train.phase_data.bin_by_length. null: every micro-batch padded to max_seq_length.
+    length_bins: list[int] | None = None
 
     def __post_init__(self) -> None:
         for key in ("global_batch", "micro_batch", "steps"):
             if getattr(self, key) < 1:
                 raise ValueError(f"batch.phases[{self.name}].{key} must be >= 1")
+        bins = self.length_bins
+        if bins is not None and (
+            not bins
+            or list(bins) != sorted(set(bins))
+            or bins[-1] != self.max_seq_length
+            or any(b < 8 or b % 8 for b in bins)
+            or len(bins) > MAX_LENGTH_BINS
+        ):
+            raise ValueError(
+                f"batch.phases[{self.name}].length_bins={bins}: up to {MAX_LENGTH_BINS} ascending multiples "
+                f"of 8, the last max_seq_length={self.max_seq_length}"
+            )
         if self.global_batch % self.micro_batch:
             raise ValueError(
                 f"batch.phases[{self.name}].global_batch={self.global_batch} is not a multiple of "

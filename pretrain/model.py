@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,10 +36,38 @@ class ModelConfig:
     initializer_range: float = 0.02
     attn_implementation: str = "sdpa"
     compile: bool = False  # torch.compile the model
+    # The GPU step's arms (issue #51, docs/gpus.md), each measured side by side by `make gpu-check`:
+    # the MLM decoder's vocabulary padded to a multiple of this inside the forward (zero rows, logits sliced
+    # back to the vocabulary: the same loss; parameters, checkpoints and HF exports keep the tokenizer's
+    # rows). null: 64 on CUDA, none on the CPU -- the GPU default, pending a GPU's measurement.
+    pad_vocab_multiple: int | None = None
+    # the compiled step replayed as CUDA graphs (torch.compile mode="reduce-overhead"), gradients
+    # accumulated into static buffers (`StaticGradients`); needs compile=true and CUDA. Off until measured.
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_position_embeddings < 8:
             raise ValueError("model.max_position_embeddings must be >= 8")
+        if self.pad_vocab_multiple is not None and self.pad_vocab_multiple < 1:
+            raise ValueError(f"model.pad_vocab_multiple must be >= 1 or null, got {self.pad_vocab_multiple}")
+        if self.cuda_graphs and not self.compile:
+            raise ValueError("model.cuda_graphs=true replays the compiled step: it needs model.compile=true")
+
+    def vocab_multiple(self, device: torch.device) -> int:
+        """The multiple the MLM decoder's vocabulary is padded to on `device` (1: none)."""
+        if self.pad_vocab_multiple is not None:
+            return self.pad_vocab_multiple
+        return GPU_VOCAB_MULTIPLE if device.type == "cuda" else 1
+
+
+# pending a GPU's measurement (`make gpu-check`'s `arms`): cuBLAS's matrix products run on whole tiles, and
+# 30,522 rows is no multiple of 8; NVIDIA pads to 8 (30,528), 64 gives the same 30,528 rows
+GPU_VOCAB_MULTIPLE = 64
+
+
+def padded_size(size: int, multiple: int) -> int:
+    """`size` rounded up to a multiple of `multiple`."""
+    return -(-size // multiple) * multiple
 
 
 def bert_config(cfg: ModelConfig, vocab_size: int) -> BertConfig:
@@ -101,11 +130,17 @@ class PretrainingObjective(nn.Module):
     and gradients up to the reduction's summation order, but the boolean index has a data-dependent
     shape: on a GPU it waits for the host and splits a compiled graph in two (16% of BERT-Large's
     compiled seq-128 step idle on an H200, README "On a GPU").
+
+    ``pad_vocab_multiple`` (> 1): the decoder's weight and bias are padded with zero rows to a multiple of
+    it inside the forward (a whole number of tiles for the GPU's matrix products) and the logits sliced
+    back to the vocabulary, so loss, gradients and parameters are the unpadded model's (gradients of the
+    padding rows are dropped by the pad's backward).
     """
 
-    def __init__(self, model: BertForPreTraining):
+    def __init__(self, model: BertForPreTraining, pad_vocab_multiple: int = 1):
         super().__init__()
         self.model = model
+        self.pad_vocab_multiple = pad_vocab_multiple
 
     def forward(
         self,
@@ -129,9 +164,59 @@ class PretrainingObjective(nn.Module):
             index = mlm_positions.unsqueeze(-1).expand(-1, -1, sequence_output.shape[-1])
             hidden = sequence_output.gather(1, index).flatten(0, 1)
             targets = labels.gather(1, mlm_positions).flatten()
-        logits = self.model.cls.predictions(hidden).float()
+        logits = self.mlm_logits(hidden).float()
         mlm_loss = nn.functional.cross_entropy(logits, targets)  # the padding's -100 is ignored
         nsp_logits = self.model.cls.seq_relationship(pooled_output).float()
         nsp_loss = nn.functional.cross_entropy(nsp_logits, next_sentence_label)
         correct = (logits.detach().argmax(dim=-1) == targets).sum()  # never true at a -100
         return mlm_loss, nsp_loss, correct, (targets != -100).sum()
+
+    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The MLM head's logits over the vocabulary for `hidden` ([N, H]), through the padded decoder when
+        `pad_vocab_multiple` asks for one."""
+        predictions = self.model.cls.predictions
+        decoder = predictions.decoder
+        vocab = decoder.weight.shape[0]
+        extra = padded_size(vocab, self.pad_vocab_multiple) - vocab
+        if extra == 0:
+            return predictions(hidden)
+        weight = nn.functional.pad(decoder.weight, (0, 0, 0, extra))
+        bias = nn.functional.pad(decoder.bias, (0, extra))
+        return nn.functional.linear(predictions.transform(hidden), weight, bias)[:, :vocab]
+
+
+class StaticGradients:
+    """Gradient accumulation into buffers that live across steps, for a step replayed as CUDA graphs.
+
+    A step compiled with mode="reduce-overhead" returns its gradients in the graphs' own memory, which the
+    next replay overwrites; autograd would keep the first micro-batch's as `.grad` ("accessing tensor output
+    of CUDAGraphs that has been overwritten", seen on an H200). With every `.grad` allocated (zeros) before
+    the first backward of a step, autograd adds each micro-batch's gradients into it instead, which also
+    copies them out of the graphs' memory. `begin_micro_step()` before every forward: allocates missing
+    buffers and marks a new graph replay (`torch.compiler.cudagraph_mark_step_begin`). The optimizer's
+    `zero_grad(set_to_none=True)` may free them: the next step allocates them again. The same arithmetic as
+    plain accumulation (0 + g = g): the gradients are equal (test on the CPU)."""
+
+    def __init__(self, parameters: list[torch.Tensor], mark_replays: bool = True):
+        self.parameters, self.mark_replays = parameters, mark_replays
+
+    def begin_micro_step(self) -> None:
+        for parameter in self.parameters:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+        if self.mark_replays:
+            torch.compiler.cudagraph_mark_step_begin()
+
+
+class GraphedStep(nn.Module):
+    """`objective` with `StaticGradients.begin_micro_step` before every forward: what DDP wraps when
+    `model.cuda_graphs` is on (the objective compiled with mode="reduce-overhead")."""
+
+    def __init__(self, objective: nn.Module, parameters: list[torch.Tensor], mark_replays: bool = True):
+        super().__init__()
+        self.objective = objective
+        self.gradients = StaticGradients(parameters, mark_replays)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.gradients.begin_micro_step()
+        return self.objective(*args, **kwargs)

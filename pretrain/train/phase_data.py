@@ -3,6 +3,9 @@
 A step takes `accumulation` micro-batches per rank, i.e. exactly `global_batch` samples over all
 ranks, from one epoch (an epoch's tail shorter than a global batch is skipped), so the sampler's cursor
 always sits on a step boundary and a checkpoint needs nothing but `state_dict()`.
+
+With `length_bins` (`batch.phases[*].length_bins`), a step's micro-batches are regrouped by length and
+each cut to a bin (`bin_by_length`): the step trains on the same samples and tokens, with less padding.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ class PhaseData:
         vocab_size: int | None,
         pin_memory: bool = False,
         dry_run: bool = False,
+        length_bins: list[int] | None = None,
     ):
+        self.length_bins = list(length_bins) if length_bins else None
         self.manifest = load_manifest(folder)
         self.dataset = PretrainingDataset(folder, expected_vocab_size=vocab_size)
         if len(self.dataset) < global_batch:
@@ -87,6 +92,8 @@ class PhaseData:
             self._iterator = iter(self.loader)
         batches = [next(self._iterator) for _ in range(accumulation)]
         self.sampler.record_consumed(self.global_batch)
+        if self.length_bins is not None:
+            return bin_by_length(batches, self.length_bins)
         return batches
 
     @property
@@ -102,3 +109,31 @@ class PhaseData:
 
     def close(self) -> None:
         self._iterator = None
+
+
+SEQUENCE_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels")  # [B, L]; the rest per sample
+
+
+def bin_by_length(batches: list[dict[str, torch.Tensor]], bins: list[int]) -> list[dict[str, torch.Tensor]]:
+    """One step's micro-batches (each padded to the phase's length L) regrouped by length: the step's
+    samples ordered by their token count (stable), cut into micro-batches of the same size, each cut to the
+    shortest of `bins` (ascending, the last L) that holds its longest sample. Only padding is removed: every
+    sample keeps its tokens, token types, masked positions (`mlm_positions`, all below its length) and
+    labels. The micro-batches' composition changes, so each one's mean loss weighs its tokens as its own
+    samples give them (as any regrouping of a step's samples does)."""
+    micro = len(batches[0]["input_ids"])
+    merged = {key: torch.cat([batch[key] for batch in batches]) for key in batches[0]}
+    lengths = merged["attention_mask"].sum(dim=1)
+    order = torch.sort(lengths, stable=True).indices
+    binned = []
+    for start in range(0, len(order), micro):
+        rows = order[start : start + micro]
+        longest = int(lengths[rows].max())
+        width = next(b for b in bins if b >= longest)
+        binned.append(
+            {
+                key: (value[rows, :width] if key in SEQUENCE_KEYS else value[rows]).contiguous()
+                for key, value in merged.items()
+            }
+        )
+    return binned

@@ -34,7 +34,7 @@ from pretrain.distributed.faults import FaultInjector
 from pretrain.distributed.gradient_sync import GradientSync
 from pretrain.distributed.preemption import PreemptionSignals
 from pretrain.distributed.process_group import DistributedEnv, no_buffer_sync
-from pretrain.model import PretrainingObjective, build_model, column_major_linear_weights_
+from pretrain.model import GraphedStep, PretrainingObjective, build_model, column_major_linear_weights_
 from pretrain.observability.diagnostics import Diagnostics, token_counts
 from pretrain.optim import OPTIMIZERS, build_optimizer, param_groups
 from pretrain.optim.config import GradAllreduce
@@ -79,6 +79,7 @@ class PhaseDataSource:
                 vocab_size=self.vocab_size,
                 pin_memory=self.env.device.type == "cuda",
                 dry_run=self.cfg.dry_run,
+                length_bins=phase.length_bins,
             )
 
         if self.simulated is None:
@@ -114,6 +115,10 @@ class TrainerComponents:
 def build_components(cfg: TrainConfig, env: DistributedEnv) -> TrainerComponents:
     """Everything the trainer needs for `cfg` on this rank, in dependency order (module docstring)."""
     compressed = compresses(cfg.optim.name)
+    if cfg.model.cuda_graphs and env.device.type != "cuda":
+        raise ValueError(
+            f"model.cuda_graphs=true needs a CUDA device (CUDA graphs); this run is on {env.device}"
+        )
     cfg = _with_phase0_freeze_step(cfg, compressed)
     phases = cfg.batch.phases
     seed_everything(cfg.seed + env.rank)
@@ -132,9 +137,11 @@ def build_components(cfg: TrainConfig, env: DistributedEnv) -> TrainerComponents
     num_params = sum(p.numel() for p in model.parameters())
     precision = resolve_precision(cfg.precision, env.device)
     sync = GradientSync(None, env.world_size, getattr(torch, GradAllreduce(cfg.optim.grad_allreduce).value))
-    objective: torch.nn.Module = PretrainingObjective(model)
+    objective: torch.nn.Module = PretrainingObjective(model, cfg.model.vocab_multiple(env.device))
     if cfg.model.compile:
-        objective = torch.compile(objective)  # type: ignore[assignment]
+        objective = torch.compile(objective, **compile_options(cfg))  # type: ignore[assignment]
+    if cfg.model.cuda_graphs:  # gradients accumulate into static buffers across the graphs' replays
+        objective = GraphedStep(objective, [p for p in model.parameters() if p.requires_grad])
     ddp = DistributedDataParallel(
         objective,
         device_ids=[env.device.index] if env.device.type == "cuda" else None,
@@ -204,6 +211,17 @@ def build_components(cfg: TrainConfig, env: DistributedEnv) -> TrainerComponents
         faults=faults,
         diagnostics=diagnostics,
     )
+
+
+def compile_options(cfg: TrainConfig) -> dict[str, Any]:
+    """torch.compile's options for the step: CUDA graphs (`model.cuda_graphs`); static shapes when a phase
+    has length bins (one graph per bin, none with dynamic shapes); the defaults otherwise."""
+    options: dict[str, Any] = {}
+    if cfg.model.cuda_graphs:
+        options["mode"] = "reduce-overhead"
+    if any(phase.length_bins for phase in cfg.batch.phases):
+        options["dynamic"] = False
+    return options
 
 
 def compresses(optimizer_name: str) -> bool:
