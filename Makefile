@@ -39,7 +39,7 @@ PYTEST_ARGS ?=
 SLOW   ?= 0
 PYTEST_MARK := $(if $(filter 0,$(SLOW)),-m "not slow",)
 
-.PHONY: help setup demo test test-all test-gpu gpu-check lint prepare preflight pretrain finetune compare dashboard bench bench-net reliability docs clean-prepared
+.PHONY: help setup demo test test-all test-gpu gpu-check lint prepare preflight pretrain finetune compare dashboard bench bench-net reliability chaos docs clean-prepared
 
 help:
 	@echo "make demo      whole pipeline at tiny scale on ../shared/data (creates .venv)"
@@ -55,6 +55,7 @@ help:
 	@echo "make bench-net emulated-Ethernet benchmark (root) + scaling model -> results/bench/net*.json, results/scaling/"
 	@echo "make reliability  kill -9/resume, bad-input and security suite -> results/reliability.md"
 	@echo "make gpu-check one CUDA GPU: packers, 1-bit allreduce, optimizer steps, BERT-Large MFU, pipeline -> results/bench/gpu.json"
+	@echo "make chaos     SEED=<n> FAULTS=<n> CHAOS_OPT=<onebit_lamb|lamb>: random faults through one run (minutes)"
 	@echo "make test-gpu  tests marked gpu; NPROC=N (>= 2 GPUs): the compressed allreduce and demo pretraining over NCCL"
 	@echo "make lint      ruff + mypy"
 	@echo "make docs      the documentation site (mkdocs build --strict) -> site/"
@@ -189,6 +190,16 @@ bench-net: setup
 # tests/reliability with 10 kill points (CI's `make test-all` runs them with 3); ARGS=--ci for CI's subset
 reliability: setup
 	$(PY) -m tests.reliability.report $(ARGS)
+
+# the chaos soak (tests/chaos/): FAULTS random faults (seeded by SEED) through one 2-rank run of the demo
+# recipe, relaunched by launch/supervise.py; the end state must equal an uninterrupted run's bit for bit.
+# -> results/chaos/seed<SEED>-<CHAOS_OPT>-<FAULTS>.json and the chaos table of results/reliability.md.
+# Root adds the disk (tmpfs) and link (network namespaces) faults; without it they are skipped, saying so.
+SEED      ?= 1
+FAULTS    ?= 50
+CHAOS_OPT ?= onebit_lamb
+chaos: setup
+	$(PY) -m tests.chaos --seed $(SEED) --faults $(FAULTS) --optim $(CHAOS_OPT) $(ARGS)
 
 clean-prepared:
 	rm -rf data/prepared
