@@ -6,6 +6,7 @@ gradients of a training process at a chosen step. No effect unless BERT_LAMB_TES
     BERT_LAMB_TEST_FAULT="term@22,rank=1;nan@30,rank=0"             # several faults: ';'-separated
     BERT_LAMB_TEST_FAULT="kill@9:exchange,rank=1"                   # die inside the 1-bit exchange
     BERT_LAMB_TEST_FAULT="stop@5,rank=1"                            # SIGSTOP: a stalled rank
+    BERT_LAMB_TEST_FAULT="hold@7:exchange,rank=1"                   # wait there for the harness to act
 
 A fault is `<action>@<step>[:<point>]` followed by `,key=value` options:
 
@@ -14,6 +15,10 @@ A fault is `<action>@<step>[:<point>]` followed by `,key=value` options:
              term, usr1  send this process SIGTERM / SIGUSR1 (the preemption path)
              stop        SIGSTOP this process (a stalled rank: alive, holding its sockets, silent)
              nan, inf    after backward, set one gradient element of this rank to NaN / +Inf
+             hold        write `<pid> <rank> <point> <step>` to the file named by BERT_LAMB_TEST_FAULT_FILE
+                         and wait until the harness removes it: the harness acts from outside at that
+                         exact point (SIGSTOP the rank, take the link down, fill the disk, flip a shard
+                         byte; tests/chaos/), then lets the rank go on
     step     the global optimizer step (1-based, all phases) the point belongs to
     point    mid_step (after forward/backward, before the optimizer step; the default for kill),
              after_step (after the step's metrics, before its checkpoint; the default for signals),
@@ -43,7 +48,7 @@ from pretrain.comm.compressed_allreduce import CompressedAllreduce
 
 ENV = "BERT_LAMB_TEST_FAULT"
 FILE_ENV = "BERT_LAMB_TEST_FAULT_FILE"
-ACTIONS = ("kill", "term", "usr1", "stop", "nan", "inf")
+ACTIONS = ("kill", "term", "usr1", "stop", "nan", "inf", "hold")
 POINTS = ("mid_step", "after_step", "after_checkpoint", "checkpoint_write", "exchange", "grad_allreduce")
 _SIGNALS = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "stop": signal.SIGSTOP}
 # points inside the communication layer: the 1-bit exchange's, reached through the hook this module sets
@@ -71,7 +76,7 @@ def parse(spec: str) -> list[Fault]:
             action, _, where = head.partition("@")
             step_text, _, point = where.partition(":")
             values = dict(option.split("=", 1) for option in options)
-            default_point = "mid_step" if action in ("kill", "stop", "nan", "inf") else "after_step"
+            default_point = "mid_step" if action in ("kill", "stop", "nan", "inf", "hold") else "after_step"
             fault = Fault(
                 action=action,
                 step=int(step_text),
@@ -120,6 +125,8 @@ class FaultInjector:
                 os.kill(os.getpid(), _SIGNALS[fault.action])
             elif fault.action == "kill":
                 _kill(fault)
+            elif fault.action == "hold":
+                _hold(fault, step)
 
     def inside(self, point: str) -> None:
         """A point of the communication layer was reached: act if a fault is set for it at the step being
@@ -139,6 +146,19 @@ def inside(point: str) -> None:
     the step being trained. One global check when no such fault is set."""
     if _active is not None:
         _active.inside(point)
+
+
+def _hold(fault: Fault, step: int) -> None:
+    """Announce the point in the fault file and wait (in 10 ms polls) until the harness removes it."""
+    marker = os.environ.get(FILE_ENV)
+    if not marker:
+        raise RuntimeError(f"{ENV}: hold needs {FILE_ENV} (the file the harness waits for)")
+    path = Path(marker)
+    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+    temporary.write_text(f"{os.getpid()} {fault.rank} {fault.point} {step}\n")
+    os.replace(temporary, path)  # the harness never reads a half-written line
+    while path.exists():
+        time.sleep(0.01)
 
 
 def _kill(fault: Fault) -> None:
