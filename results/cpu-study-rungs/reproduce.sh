@@ -11,7 +11,8 @@
 # onebit_lamb_deepspeed; workers n2 = 2 processes, simK = 2 processes x K/2 simulated workers); every run logs
 # the diagnostics (diagnostics=true). A run whose summary.json exists (fine-tune: all_results.json) is skipped,
 # so the script picks up where an interrupted one stopped; an interrupted rung-M run resumes from its last
-# checkpoint (every 800 steps). Each pretraining run's wall time goes to results/runs/cpu-rung-times.tsv.
+# checkpoint (every 800 steps; SIGTERM checkpoints and stops one, exit 75). Each pretraining run's wall time
+# and the load around it go to results/runs/cpu-rung-times.tsv (kept as results/cpu-study-<rung>/run-times.tsv).
 # Stages (STAGES, in this order; each rung in RUNGS):
 #   data        the study's 8K vocabulary (its sha256 checked) and the sample at seq 32 (data/prepared/)
 #   lamb_sweep  LAMB at the rung's three LRs (x3 apart around the recipe's), seed 1, 2 processes; while the
@@ -105,7 +106,8 @@ pretrain() {
     batch="$BATCH" ${ARM[$arm]} model="$MODEL" $MODEL_ARGS data_dir="data/prepared/$DATA" seed="$seed" \
     run_name="$run" sim_world_size="$per_process" batch.phases.0.micro_batch="$micro" batch.phases.0.lr="$lr" \
     diagnostics=true log_every="$LOG_EVERY" checkpoint.every_steps="$every" wandb.mode=disabled show_progress=false
-  printf '%s\t%d\t%s\n' "$run" $(( SECONDS - start )) "$load" >> "$TIMES"
+  # run, wall seconds, 1-minute load average at its start and at its end (the machine is shared)
+  printf '%s\t%d\t%s\t%s\n' "$run" $(( SECONDS - start )) "$load" "$(cut -d' ' -f1 /proc/loadavg)" >> "$TIMES"
   STARTED=$(( STARTED + 1 ))
 }
 
@@ -218,6 +220,7 @@ for RUNG in $RUNGS; do
     if [[ -f $TIMES ]]; then grep "^cpu-rung-$RUNG-" "$TIMES" > "$FOLDER/run-times.tsv" || true; fi
     # the comparison of each arm at its LR (LAMB's best for the 1-bit arms; the sweeps' other LRs left out:
     # the comparison groups runs by optimizer options, and the LR is a batch option)
+    mkdir -p "$FOLDER/runs"
     runs=$(find "$FOLDER/runs" -maxdepth 1 \( -name "cpu-rung-$RUNG-lamb-lr$LAMB_LR-*" \
       -o -name "cpu-rung-$RUNG-adamw-lr$ADAMW_LR-*" -o -name "cpu-rung-$RUNG-onebit_lamb-lr$LAMB_LR-*" \
       -o -name "cpu-rung-$RUNG-onebit_lamb_deepspeed-lr$LAMB_LR-*" \) | sort | paste -sd,)
