@@ -80,6 +80,11 @@ if stage data && (( ! DRY )); then  # as results/cpu-study/reproduce.sh: the voc
   [[ -f data/prepared/$DATA/seq32/manifest.json ]] || $PY -m data.prepare data="$DATA" show_progress=false
 fi
 
+children_cpu() {  # children_cpu <`times` output>: its second line (children: user, system) in whole seconds
+  sed -n 2p "$1" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, f, "m"); sub("s", "", f[2]); t += f[1] * 60 + f[2] }
+    printf "%d", t }'
+}
+
 # pretrain <arm> <lr> <workers: n2 | sim32 | sim64> <seed>
 pretrain() {
   local arm=$1 lr=$2 workers=$3 seed=$4
@@ -101,13 +106,18 @@ pretrain() {
   local every=0 start=$SECONDS load
   [[ $RUNG == m ]] && every=800  # ~1 h runs: resumable from a checkpoint
   load=$(cut -d' ' -f1 /proc/loadavg)
+  times > results/runs/.times-before  # the CPU seconds of this shell's finished children (not in a subshell)
   # shellcheck disable=SC2086
   nice -n "$NICE" env OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) launch/torchrun.sh --nproc "$processes" -- \
     batch="$BATCH" ${ARM[$arm]} model="$MODEL" $MODEL_ARGS data_dir="data/prepared/$DATA" seed="$seed" \
     run_name="$run" sim_world_size="$per_process" batch.phases.0.micro_batch="$micro" batch.phases.0.lr="$lr" \
     diagnostics=true log_every="$LOG_EVERY" checkpoint.every_steps="$every" wandb.mode=disabled show_progress=false
-  # run, wall seconds, 1-minute load average at its start and at its end (the machine is shared)
-  printf '%s\t%d\t%s\t%s\n' "$run" $(( SECONDS - start )) "$load" "$(cut -d' ' -f1 /proc/loadavg)" >> "$TIMES"
+  times > results/runs/.times-after
+  # run, wall seconds, CPU seconds (user + system, every process of the run), 1-minute load average at its
+  # start and at its end: on a shared machine the wall time follows the load, the CPU time much less
+  printf '%s\t%d\t%d\t%s\t%s\n' "$run" $(( SECONDS - start )) \
+    $(( $(children_cpu results/runs/.times-after) - $(children_cpu results/runs/.times-before) )) \
+    "$load" "$(cut -d' ' -f1 /proc/loadavg)" >> "$TIMES"
   STARTED=$(( STARTED + 1 ))
 }
 
