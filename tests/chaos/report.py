@@ -1,0 +1,84 @@
+"""The chaos table of results/reliability.md, from the soak summaries in results/chaos/*.json."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from data.config import REPO_ROOT
+
+REPORT = REPO_ROOT / "results" / "reliability.md"
+START, END = "<!-- chaos:start -->", "<!-- chaos:end -->"
+BUGS = REPO_ROOT / "tests" / "chaos" / "bugs.md"  # the bugs the soak found, with their fixes
+
+
+def table(summaries: list[dict]) -> str:
+    lines = [
+        "| seed | optim | faults | by kind | by point | restarts | bitwise end state | documented lines |"
+        " lost per fault: median / worst | soak / uninterrupted | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        kinds = ", ".join(f"{k} {n}" for k, n in s["by_kind"].items())
+        points = ", ".join(f"{k} {n}" for k, n in s["by_point"].items())
+        lost = s["seconds_lost"]
+        lines.append(
+            f"| {s['seed']} | {s['optim']} | {s['faults_struck']} | {kinds} | {points} | {s['restarts']} | "
+            f"{'yes' if s['bitwise'] else 'NO'} | {s['messages_ok']} of {s['faults_struck']} | "
+            f"{lost['median']} s / {lost['worst']} s | "
+            f"{s['soak_seconds']:.0f} s / {s['reference_seconds']:.0f} s | "
+            f"{'passed' if s['passed'] else 'FAILED: ' + '; '.join(s['problems'])[:200]} |"
+        )
+    return "\n".join(lines)
+
+
+def section(summaries: list[dict]) -> str:
+    struck = sum(s["faults_struck"] for s in summaries)
+    bitwise = sum(1 for s in summaries if s["bitwise"])
+    lost = [f["seconds_lost"] for s in summaries for f in s["faults"] if f["seconds_lost"] is not None]
+    by_kind: dict[str, int] = {}
+    for s in summaries:
+        for kind, n in s["by_kind"].items():
+            by_kind[kind] = by_kind.get(kind, 0) + n
+    skipped = {k: v for s in summaries for k, v in s["skipped_kinds"].items()}
+    parts = [
+        START,
+        "## Chaos soak (tests/chaos/, `make chaos SEED=... FAULTS=...`)",
+        "",
+        "One 2-rank run of the demo recipe shortened to 16 + 4 steps (freeze_step 6, a checkpoint every "
+        "step, `dist.timeout_s=20`), driven through a seeded schedule of faults by `python -m "
+        "launch.supervise`, which relaunches it on exit 75, 76 and a freed full disk; the end state is "
+        "compared with an uninterrupted run of the same seed. Lost per fault: from the fault to the first "
+        "step past the furthest one trained when the launch it ended stopped, or to the next fault, "
+        "whichever came first (no second counted twice). Regenerate the table: "
+        "`python -m tests.chaos --report` (from results/chaos/*.json).",
+        "",
+        f"- soaks: {len(summaries)}; faults: {struck} "
+        f"({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items()))}); "
+        f"bitwise end states: {bitwise} of {len(summaries)}",
+        f"- lost per fault over all soaks: median {statistics.median(lost):.1f} s, worst {max(lost):.1f} s"
+        if lost
+        else "- lost per fault: none measured",
+    ]
+    if skipped:
+        parts.append("- kinds skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    parts += ["", table(summaries), ""]
+    if BUGS.exists():
+        parts += ["### Bugs the soak found", "", BUGS.read_text().strip(), ""]
+    parts.append(END)
+    return "\n".join(parts)
+
+
+def write_table(results: Path, report: Path = REPORT) -> None:
+    summaries = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
+    summaries.sort(key=lambda s: (s["optim"], s["seed"], s["faults_scheduled"]))
+    text = report.read_text() if report.exists() else "# Reliability report\n"
+    block = section(summaries)
+    if START in text and END in text:
+        head, _, rest = text.partition(START)
+        _, _, tail = rest.partition(END)
+        text = head + block + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    report.write_text(text)
