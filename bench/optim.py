@@ -47,7 +47,7 @@ from pretrain.optim import Lamb, OnebitLamb, lamb_loops, marginals, mark_gradien
 from pretrain.optim import compiled as compiled_module
 from pretrain.optim import functional as F
 from pretrain.optim.base import Workspace, global_grad_norm
-from pretrain.optim.config import ONEBIT_LAMB_ALGORITHM
+from pretrain.optim.onebit_lamb import ONEBIT_LAMB_ALGORITHM
 
 PEER_ADAMW = "torch.optim.AdamW(fused=True)"
 PEER_TORCH_OPTIMIZER = "torch_optimizer.Lamb"
@@ -120,9 +120,9 @@ def _torch_optimizer_note() -> str | None:
     return None
 
 
-# optim=onebit_lamb's algorithm (pretrain/optim/config.py), with its variance refresh (the 63 of 64 steps that
+# optim=onebit_lamb's algorithm (pretrain/optim/onebit_lamb.py), with its variance refresh (the 63 of 64 steps that
 # add the marginals)
-DEFAULT_ONEBIT = {**ONEBIT_LAMB_ALGORITHM, "variance_refresh": 64}
+DEFAULT_ONEBIT = {"algorithm": ONEBIT_LAMB_ALGORITHM, "variance_refresh": 64}
 
 
 def _onebit_in_compression(groups: list[dict], **options: Any) -> OnebitLamb:

@@ -153,6 +153,29 @@ def _row_major(t: Tensor) -> bool:
     )
 
 
+def chunked(
+    workspace: Workspace,
+    update: Callable[..., Tensor | None],
+    tensor_lists: list[list[Tensor]],
+    per_tensor: tuple[Tensor, ...] = (),
+    **kwargs: Any,
+) -> Tensor | None:
+    """Apply a list update (`functional`) chunk by chunk with `workspace` scratch. `tensor_lists[0]`
+    decides the chunks; `per_tensor` 1-D values are sliced alike; per-tensor results concatenated."""
+    results = []
+    for span in workspace.chunks(tensor_lists[0]):
+        chunk = tensor_lists[0][span]
+        results.append(
+            update(
+                *(tensors[span] for tensors in tensor_lists),
+                *(values[span] for values in per_tensor),
+                workspace=workspace.views(chunk),
+                **kwargs,
+            )
+        )
+    return None if results[0] is None else torch.cat(results)  # type: ignore[arg-type]
+
+
 class OptimizerBase(torch.optim.Optimizer):
     """torch.optim.Optimizer plus the contracts in this module's docstring."""
 
@@ -219,19 +242,8 @@ class OptimizerBase(torch.optim.Optimizer):
         per_tensor: tuple[Tensor, ...],
         **kwargs: Any,
     ) -> Tensor | None:
-        """Apply a list update (`functional`) chunk by chunk with workspace scratch. `tensor_lists[0]`
-        decides the chunks; `per_tensor` 1-D values are sliced alike; per-tensor results concatenated."""
-        results = []
-        for span in self.workspace.chunks(tensor_lists[0]):
-            results.append(
-                update(
-                    *(tensors[span] for tensors in tensor_lists),
-                    *(values[span] for values in per_tensor),
-                    workspace=self.workspace.views(tensor_lists[0][span]),
-                    **kwargs,
-                )
-            )
-        return None if results[0] is None else torch.cat(results)  # type: ignore[arg-type]
+        """`chunked` with this optimizer's workspace."""
+        return chunked(self.workspace, update, tensor_lists, per_tensor, **kwargs)
 
     def _copy_masters_back(self, params: list[Tensor]) -> None:
         low_precision = [p for p in params if p.dtype != torch.float32]

@@ -13,12 +13,12 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.optim.lamb import LambVariant
-from pretrain.optim.onebit import Compression
-from pretrain.optim.onebit_lamb import TrustRatio, Warmup
+from pretrain.optim.onebit import Compression, ExchangeOptions
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM, ONEBIT_LAMB_ALGORITHM, OnebitLambAlgorithm
 
 logger = logging.getLogger(__name__)
 
@@ -147,57 +147,48 @@ class _OnebitConfig(OptimizerConfig):
         _require(self.freeze_step >= 1, "freeze_step", f"must be >= 1, got {self.freeze_step}")
         _require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
 
-    def exchange_kwargs(self) -> dict[str, Any]:
-        """The momentum exchange's options (`pretrain.optim.onebit.ExchangeOptions`)."""
+    def exchange_options(self) -> ExchangeOptions:
+        """How the momentum is exchanged (`pretrain.optim.onebit.ExchangeOptions`)."""
         raise NotImplementedError
 
-    def optimizer_kwargs(self) -> dict[str, Any]:
-        return {
-            **super().optimizer_kwargs(),
-            "eps": self.eps,
-            "freeze_step": self.freeze_step,
-            **self.exchange_kwargs(),
-        }
+    def exchange_kwargs(self) -> dict[str, Any]:
+        """`exchange_options()` as a dict of its fields (what the byte counts read)."""
+        options = self.exchange_options()
+        return {f.name: getattr(options, f.name) for f in fields(options)}
 
-    @property
-    def compression(self) -> Compression:
-        return Compression(self.exchange_kwargs()["compression"])
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return {**super().optimizer_kwargs(), "eps": self.eps, "freeze_step": self.freeze_step}
 
     @property
     def row_scales(self) -> bool:
         """Whether `param_groups` should put the embeddings in groups with per-row scales."""
-        return self.compression.row_scales
-
-
-# This project's 1-bit LAMB and DeepSpeed's (pretrain/optim/onebit_lamb.py module docstring; what each
-# piece changes and the measurements behind it: docs/onebit-lamb.md). Fixed per preset, not user options.
-ONEBIT_LAMB_ALGORITHM: dict[str, Any] = {
-    "warmup": Warmup.nvlamb,
-    "trust_ratio": TrustRatio.live,
-    "compression": Compression.per_column,
-    "precondition": True,
-    "exact_vectors": True,
-    "scale_dtype": ScaleDtype.bfloat16,
-    "sign_scale": SignScale.mean_abs,
-    "live_vector_variance": True,
-}
-DEEPSPEED_ALGORITHM: dict[str, Any] = {
-    "warmup": Warmup.deepspeed,
-    "trust_ratio": TrustRatio.frozen,
-    "compression": Compression.deepspeed,
-    "precondition": False,
-    "exact_vectors": False,
-    "scale_dtype": ScaleDtype.float32,
-    "sign_scale": SignScale.rms,
-    "live_vector_variance": False,
-}
-_EXCHANGE_KEYS = ("compression", "precondition", "exact_vectors", "scale_dtype", "sign_scale")
+        return self.exchange_options().compression.row_scales
 
 
 @dataclass
-class OnebitLambConfig(_OnebitConfig):
-    """This project's 1-bit LAMB (`optim=onebit_lamb`): what a user may tune; the algorithm is fixed."""
+class _OnebitLambConfig(_OnebitConfig):
+    """A 1-bit LAMB preset: its algorithm is fixed (`ALGORITHM`), the fields are what a user tunes."""
 
+    ALGORITHM: ClassVar[OnebitLambAlgorithm]
+
+    def exchange_options(self) -> ExchangeOptions:
+        return self.ALGORITHM.exchange
+
+    @property
+    def compression(self) -> Compression:
+        """The algorithm's scale layout (the trainer stores the matrices column-major for `per_column`)."""
+        return self.ALGORITHM.exchange.compression
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return {**super().optimizer_kwargs(), "algorithm": self.ALGORITHM}
+
+
+@dataclass
+class OnebitLambConfig(_OnebitLambConfig):
+    """This project's 1-bit LAMB (`optim=onebit_lamb`): what a user may tune; the algorithm is fixed
+    (`ONEBIT_LAMB_ALGORITHM`, pretrain/optim/onebit_lamb.py)."""
+
+    ALGORITHM: ClassVar[OnebitLambAlgorithm] = ONEBIT_LAMB_ALGORITHM
     name: str = "onebit_lamb"
     eps: float | None = 1e-6  # as optim=lamb (its warmup is optim=lamb's LAMB)
     max_coeff: float = 10.0  # cap of the live trust ratio
@@ -220,13 +211,9 @@ class OnebitLambConfig(_OnebitConfig):
             f"must be 0 (off) or >= 2, got {self.variance_refresh}",
         )
 
-    def exchange_kwargs(self) -> dict[str, Any]:
-        return {key: ONEBIT_LAMB_ALGORITHM[key] for key in _EXCHANGE_KEYS}
-
     def optimizer_kwargs(self) -> dict[str, Any]:
         return {
             **super().optimizer_kwargs(),
-            **ONEBIT_LAMB_ALGORITHM,
             "max_coeff": self.max_coeff,
             "max_grad_norm": self.max_grad_norm,
             "variance_refresh": self.variance_refresh,
@@ -235,9 +222,11 @@ class OnebitLambConfig(_OnebitConfig):
 
 
 @dataclass
-class OnebitLambDeepspeedConfig(_OnebitConfig):
-    """DeepSpeed's 1-bit LAMB exactly (`optim=onebit_lamb_deepspeed`, the parity reference), with
-    DeepSpeed's hyperparameters."""
+class OnebitLambDeepspeedConfig(_OnebitLambConfig):
+    """DeepSpeed's 1-bit LAMB exactly (`optim=onebit_lamb_deepspeed`, the parity reference:
+    `DEEPSPEED_ALGORITHM`), with DeepSpeed's hyperparameters."""
+
+    ALGORITHM: ClassVar[OnebitLambAlgorithm] = DEEPSPEED_ALGORITHM
 
     name: str = "onebit_lamb_deepspeed"
     max_coeff: float = 10.0  # DeepSpeed BERT recipes use 0.3
@@ -266,13 +255,9 @@ class OnebitLambDeepspeedConfig(_OnebitConfig):
                 "optim.coeff_beta: 1/(1 - coeff_beta) > freeze_step; DeepSpeed advises the opposite"
             )
 
-    def exchange_kwargs(self) -> dict[str, Any]:
-        return {key: DEEPSPEED_ALGORITHM[key] for key in _EXCHANGE_KEYS}
-
     def optimizer_kwargs(self) -> dict[str, Any]:
         return {
             **super().optimizer_kwargs(),
-            **DEEPSPEED_ALGORITHM,
             "max_coeff": self.max_coeff,
             "min_coeff": self.min_coeff,
             "coeff_beta": self.coeff_beta,
@@ -291,7 +276,7 @@ class OnebitAdamConfig(_OnebitConfig):
     mean_abs."""
 
     name: str = "onebit_adam"
-    compression: Compression = Compression.deepspeed  # type: ignore[assignment]
+    compression: Compression = Compression.deepspeed
     exact_vectors: bool = False
     sign_scale: SignScale = SignScale.rms
     precondition: bool = False
@@ -301,11 +286,10 @@ class OnebitAdamConfig(_OnebitConfig):
         super().__post_init__()
         self._check_name("onebit_adam")
 
-    def exchange_kwargs(self) -> dict[str, Any]:
-        return {
-            "compression": Compression(self.compression),
-            "exact_vectors": self.exact_vectors,
-            "sign_scale": SignScale(self.sign_scale),
-            "precondition": self.precondition,
-            "scale_dtype": ScaleDtype(self.scale_dtype),
-        }
+    def exchange_options(self) -> ExchangeOptions:
+        return ExchangeOptions(
+            self.compression, self.exact_vectors, self.sign_scale, self.precondition, self.scale_dtype
+        )
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return {**super().optimizer_kwargs(), "exchange": self.exchange_options()}

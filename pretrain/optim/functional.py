@@ -25,18 +25,18 @@ __all__ = [
     "bias_corrections",
     "clamped_trust_ratio_step_",
     "compressed_lamb_update_",
-    "deepspeed_lamb_update_",
+    "denominators_",
     "factor_rule",
     "freeze_coeff_ema",
     "grad_norms",
     "lamb_kernel_scalars",
     "lamb_tensor_apply_",
     "lamb_tensor_direction_",
+    "lamb_update_",
     "live_apply_",
     "live_ratio",
     "live_scalars",
     "local_momentum_",
-    "nvlamb_update_",
     "preconditioned_momentum_",
     "scaling_coefficients",
     "trust_ratios",
@@ -88,25 +88,51 @@ def _scratch(workspace: list[Tensor] | None, like: list[Tensor]) -> list[Tensor]
     return workspace if workspace is not None else [torch.empty_like(t, dtype=torch.float32) for t in like]
 
 
+def denominators_(out: list[Tensor], exp_avg_sqs: list[Tensor], eps: float) -> None:
+    """out ← √v + ε, in place in `out` (Adam's denominator; 1-bit LAMB's exchange divisors)."""
+    torch._foreach_copy_(out, exp_avg_sqs)
+    torch._foreach_sqrt_(out)
+    torch._foreach_add_(out, eps)
+
+
 def adam_direction_(
     out: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], eps: float, *, rooted: bool = False
 ) -> None:
     """out ← m / (√v + ε), built in place in `out` (no allocation). `rooted`: `exp_avg_sqs` holds √v + ε
     already (1-bit LAMB's preconditioner divisors; elementwise sqrt and add round alike: the same bits)."""
-    torch._foreach_copy_(out, exp_avg_sqs)
-    if not rooted:
-        torch._foreach_sqrt_(out)
-        torch._foreach_add_(out, eps)
+    if rooted:
+        torch._foreach_copy_(out, exp_avg_sqs)
+    else:
+        denominators_(out, exp_avg_sqs, eps)
     torch._foreach_reciprocal_(out)
     torch._foreach_mul_(out, exp_avgs)
 
 
-def nvlamb_update_(
+def _decayed_direction(
+    params: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    eps: float,
+    weight_decay: float,
+    workspace: list[Tensor] | None,
+    rooted: bool = False,
+) -> list[Tensor]:
+    """u = m/(√v+ε) + λp in scratch (`workspace`, else new tensors), as `adam_direction_` forms m/(√v+ε)."""
+    updates = _scratch(workspace, params)
+    adam_direction_(updates, exp_avgs, exp_avg_sqs, eps, rooted=rooted)
+    if weight_decay != 0.0:
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+    return updates
+
+
+def lamb_update_(
     params: list[Tensor],
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
     *,
+    nvlamb: bool,
     lr: float,
     beta1: float,
     beta2: float,
@@ -115,21 +141,39 @@ def nvlamb_update_(
     bias_correction1: float = 1.0,
     bias_correction2_sqrt: float = 1.0,
     grad_scale: float = 1.0,
+    min_coeff: float = 0.0,
+    max_coeff: float = 0.0,
     workspace: list[Tensor] | None = None,
 ) -> Tensor | None:
-    """One apex/NVIDIA LAMB step on one parameter group (docs/pretraining.md, "Optimizers"), in place.
+    """One LAMB step on one parameter group, in place (docs/pretraining.md, "Optimizers"): moments as
+    `adam_moments_`, u = m/(√v+ε) + λp (decoupled decay, ε outside the root), p ← p − η·c·u. Bias
+    corrections from `bias_corrections()`; `grad_scale` is the global pre-normalization 1/max(1,
+    G/max_grad_norm), computed by the caller over ALL groups. `workspace`: optional scratch tensors shaped
+    like `params`, overwritten. Returns the trust ratios applied, shape [len(params)].
 
-    `grad_scale` is the global pre-normalization 1/max(1, G/max_grad_norm), computed by the caller over
-    ALL groups. u = m̂/(√v̂+ε) + λp (decoupled decay, ε outside the root); p ← p − η·r·u with the trust
-    ratio r = ‖p‖/‖u‖ when λ ≠ 0 and r = 1 when λ = 0. Bias corrections from `bias_corrections()`.
-    `workspace`: optional scratch tensors shaped like `params`, overwritten. Returns the trust ratios
-    applied, shape [len(params)], or None for a group without weight decay (no trust ratio).
+    `nvlamb` (apex/NVIDIA LAMB): m̂, v̂ bias-corrected in u; c = ‖p‖/‖u‖ when λ ≠ 0 (1 where a norm is 0),
+    no trust ratio at all when λ = 0 (returns None). With s = √bc2/bc1, m̂/(√v̂+ε) = s·m/(√v+ε√bc2); u is
+    built as u/s, which the trust ratio cancels, and s is folded into the final step size: two fewer passes
+    over memory.
 
-    Implementation note: with s = √bc2/bc1, m̂/(√v̂+ε) = s·m/(√v+ε√bc2); u is built as u/s, which the
-    trust ratio cancels, and s is folded into the final step size: two fewer passes over memory.
+    Else DeepSpeed-FusedLamb (also DeepSpeed's 1-bit LAMB warmup): uncorrected moments; c = clamp(‖p‖/‖u‖,
+    min_coeff, max_coeff) on EVERY tensor (c = 1, unclamped, where a norm is 0); p ← p − η·b·c·u with
+    b = √bc2/bc1 (1 without bias correction, the defaults); `clamped_trust_ratio_step_`.
     """
     adam_moments_(exp_avgs, exp_avg_sqs, grads, beta1=beta1, beta2=beta2, grad_scale=grad_scale)
     scale = bias_correction2_sqrt / bias_correction1
+    if not nvlamb:
+        return clamped_trust_ratio_step_(
+            params,
+            exp_avgs,
+            exp_avg_sqs,
+            lr=lr * bias_correction2_sqrt / bias_correction1,
+            eps=eps,
+            weight_decay=weight_decay,
+            min_coeff=min_coeff,
+            max_coeff=max_coeff,
+            workspace=workspace,
+        )
     updates = _scratch(workspace, params)
     adam_direction_(updates, exp_avgs, exp_avg_sqs, eps * bias_correction2_sqrt)  # u/s
     if weight_decay == 0.0:
@@ -142,46 +186,6 @@ def nvlamb_update_(
     coeffs = torch.where(usable, trust_ratios(param_norms, update_norms), scale)
     torch._foreach_addcmul_(params, updates, _as_scalars(coeffs), value=-lr)
     return coeffs / scale
-
-
-def deepspeed_lamb_update_(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    min_coeff: float,
-    max_coeff: float,
-    bias_correction1: float = 1.0,
-    bias_correction2_sqrt: float = 1.0,
-    grad_scale: float = 1.0,
-    workspace: list[Tensor] | None = None,
-) -> Tensor:
-    """One DeepSpeed-FusedLamb step on one group, in place (docs/pretraining.md; also DeepSpeed's 1-bit
-    LAMB warmup).
-
-    u = m/(√v+ε) + λp with uncorrected moments; c = clamp(‖p‖/‖u‖, min_coeff, max_coeff) on EVERY tensor
-    (c = 1, unclamped, where a norm is 0); p ← p − η·b·c·u with b = √(1−β2^t)/(1−β1^t) from
-    `bias_corrections()`, or b = 1 (the defaults) without bias correction. Returns the coefficients c,
-    shape [len(params)] (1-bit LAMB averages them). `workspace` as in `nvlamb_update_`.
-    """
-    adam_moments_(exp_avgs, exp_avg_sqs, grads, beta1=beta1, beta2=beta2, grad_scale=grad_scale)
-    return clamped_trust_ratio_step_(
-        params,
-        exp_avgs,
-        exp_avg_sqs,
-        lr=lr * bias_correction2_sqrt / bias_correction1,
-        eps=eps,
-        weight_decay=weight_decay,
-        min_coeff=min_coeff,
-        max_coeff=max_coeff,
-        workspace=workspace,
-    )
 
 
 def clamped_trust_ratio_step_(
@@ -201,10 +205,9 @@ def clamped_trust_ratio_step_(
     (1 where a norm is 0): DeepSpeed LAMB's step for given moments (docs/pretraining.md). Also 1-bit
     LAMB's compression step with `trust_ratio=live` (m the compressed momentum, v frozen; `rooted`: the
     third list is √v+ε, as `adam_direction_`). Returns c."""
-    updates = _scratch(workspace, params)
-    adam_direction_(updates, exp_avgs, exp_avg_sqs, eps, rooted=rooted)
-    if weight_decay != 0.0:
-        torch._foreach_add_(updates, params, alpha=weight_decay)
+    updates = _decayed_direction(
+        params, exp_avgs, exp_avg_sqs, eps=eps, weight_decay=weight_decay, workspace=workspace, rooted=rooted
+    )
     param_norms, update_norms = grad_norms(params), grad_norms(updates)
     usable = (param_norms > 0) & (update_norms > 0)
     coeffs = torch.where(usable, trust_ratios(param_norms, update_norms).clamp(min_coeff, max_coeff), 1.0)
@@ -293,7 +296,7 @@ def lamb_kernel_scalars(
 ) -> Tensor:
     """`scalars` of `lamb_tensor_direction_`/`lamb_tensor_apply_`. nvlamb (clamp_ratio False) puts the bias
     correction in the direction (a = √bc2/bc1, e = ε·√bc2, b = 1), deepspeed on the step (a = 1, e = ε,
-    b = √bc2/bc1): the same numbers as `nvlamb_update_` / `deepspeed_lamb_update_`. The betas' complements
+    b = √bc2/bc1): the same numbers as `lamb_update_`. The betas' complements
     are taken here in double precision, as the eager foreach calls take them."""
     correction = bias_correction2_sqrt / bias_correction1
     direction_scale, scaled_eps, step_scale = (
@@ -436,12 +439,8 @@ def compressed_lamb_update_(
     )
     # g, h. denom = √v + ε (v frozen, in `prev`); raw f = max(denom / (√v_f + ε)) (in `ratios`).
     denoms, ratios = prev_exp_avgs, _scratch(workspace, params)
-    torch._foreach_copy_(denoms, exp_avg_sqs)
-    torch._foreach_sqrt_(denoms)
-    torch._foreach_add_(denoms, eps)
-    torch._foreach_copy_(ratios, fresh_exp_avg_sqs)
-    torch._foreach_sqrt_(ratios)
-    torch._foreach_add_(ratios, eps)
+    denominators_(denoms, exp_avg_sqs, eps)
+    denominators_(ratios, fresh_exp_avg_sqs, eps)
     torch._foreach_reciprocal_(ratios)
     torch._foreach_mul_(ratios, denoms)
     raw = torch.stack(torch._foreach_max(ratios))
@@ -495,8 +494,7 @@ def adam_frozen_update_(
     workspace: list[Tensor] | None = None,
 ) -> None:
     """p ← p − η·(m/(√v+ε) + λp) with the given (in the compression stage: frozen) v."""
-    updates = _scratch(workspace, params)
-    adam_direction_(updates, exp_avgs, exp_avg_sqs, eps)
-    if weight_decay != 0.0:
-        torch._foreach_add_(updates, params, alpha=weight_decay)
+    updates = _decayed_direction(
+        params, exp_avgs, exp_avg_sqs, eps=eps, weight_decay=weight_decay, workspace=workspace
+    )
     torch._foreach_add_(params, updates, alpha=-lr)

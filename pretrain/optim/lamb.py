@@ -23,13 +23,39 @@ from torch import Tensor
 
 from pretrain.optim import functional as F
 from pretrain.optim import lamb_loops
-from pretrain.optim.base import OptimizerBase, evaluate_closure, global_grad_norm, is_finite
+from pretrain.optim.base import (
+    OptimizerBase,
+    Workspace,
+    chunked,
+    evaluate_closure,
+    global_grad_norm,
+    is_finite,
+)
 from pretrain.optim.compiled import CompiledWarmupStep, pick, split_by_size
 
 
 class LambVariant(str, enum.Enum):
     nvlamb = "nvlamb"
     deepspeed = "deepspeed"
+
+
+def eager_lamb_update(
+    workspace: Workspace,
+    tensor_lists: list[list[Tensor]],
+    variant: LambVariant,
+    min_coeff: float,
+    max_coeff: float,
+    **hyper: Any,
+) -> Tensor | None:
+    """One group's eager LAMB step over (params, grads, exp_avgs, exp_avg_sqs), in place: on CPU the numba
+    loops (`lamb_loops`), else the foreach functions chunk by chunk, temporaries in `workspace`. The
+    clamp [min_coeff, max_coeff] is the deepspeed variant's. Returns the trust ratios (None: an nvlamb
+    group without weight decay, which has none). `Lamb`'s step and 1-bit LAMB's warmup."""
+    nvlamb = variant is LambVariant.nvlamb
+    clamp: dict[str, Any] = {} if nvlamb else dict(min_coeff=min_coeff, max_coeff=max_coeff)
+    if lamb_loops.usable(*tensor_lists):
+        return lamb_loops.lamb_step_(*tensor_lists, nvlamb=nvlamb, **clamp, **hyper)
+    return chunked(workspace, F.lamb_update_, tensor_lists, nvlamb=nvlamb, **clamp, **hyper)
 
 
 DEFAULT_EPS = {LambVariant.nvlamb: 1e-6, LambVariant.deepspeed: 1e-8}
@@ -158,18 +184,9 @@ class Lamb(OptimizerBase):
         return self._eager_update(*tensors, beta1=beta1, beta2=beta2, **hyper)
 
     def _eager_update(self, *tensor_lists: list[Tensor], **hyper: Any) -> Tensor | None:
-        """On CPU the numba loops (`lamb_loops`), else the foreach functions chunk by chunk, temporaries
-        in the reused workspace."""
-        ratios: Tensor | None
-        nvlamb = self.variant is LambVariant.nvlamb
-        clamp: dict[str, Any] = {} if nvlamb else dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
-        if lamb_loops.usable(*tensor_lists):
-            return lamb_loops.lamb_step_(*tensor_lists, nvlamb=nvlamb, **clamp, **hyper)
-        if nvlamb:
-            ratios = self._chunked(F.nvlamb_update_, list(tensor_lists), (), **hyper)
-        else:
-            ratios = self._chunked(F.deepspeed_lamb_update_, list(tensor_lists), (), **clamp, **hyper)
-        return ratios
+        return eager_lamb_update(
+            self.workspace, list(tensor_lists), self.variant, self.min_coeff, self.max_coeff, **hyper
+        )
 
     def _compiled_update(
         self,

@@ -1,9 +1,9 @@
 """LAMB's step fused for CPU in numba: two loops over memory per tensor, on every thread torch uses.
 
-The eager foreach step (`functional.nvlamb_update_`, `deepspeed_lamb_update_`) makes about a dozen passes
-over each chunk of tensors (the moments' four, the direction's five into a workspace, the two norms, the
-step) and `Lamb(compile=True)` two Inductor kernels per tensor at ~50-130 µs of fixed cost per call; on the
-2-core bench machine they took 4.8× and 2.2× the time of `torch.optim.AdamW(fused=True)` on BERT-Large's
+The eager foreach step (`functional.lamb_update_`) makes about a dozen passes over each chunk of tensors
+(the moments' four, the direction's five into a workspace, the two norms, the step) and
+`Lamb(compile=True)` two Inductor kernels per tensor at ~50-130 µs of fixed cost per call; on the 2-core bench
+machine they took 4.8× and 2.2× the time of `torch.optim.AdamW(fused=True)` on BERT-Large's
 tensors (`bench optim`, issue #15). Here, per tensor,
 
 1. `direction`: m ← β1·m + (1−β1)·s·g, v ← β2·v + (1−β2)·(s·g)², and the sums Σp², Σu² (float64) of the
@@ -149,9 +149,9 @@ def lamb_step_(
     min_coeff: float = 0.0,
     max_coeff: float = 0.0,
 ) -> Tensor | None:
-    """One group's LAMB step in place, as `functional.nvlamb_update_` (`nvlamb`) or
-    `deepspeed_lamb_update_` (the same arguments) and with the same result: the trust ratios applied,
-    shape [len(params)], or None for an nvlamb group without weight decay. The caller checks `usable`."""
+    """One group's LAMB step in place, as `functional.lamb_update_` (the same arguments) and with the same
+    result: the trust ratios applied, shape [len(params)], or None for an nvlamb group without weight decay.
+    The caller checks `usable`."""
     direction, apply = _loops()
     scalars = F.lamb_kernel_scalars(
         clamp_ratio=not nvlamb, lr=lr, eps=eps, weight_decay=weight_decay, bias_correction1=bias_correction1,

@@ -92,15 +92,18 @@ class Compression(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ExchangeOptions:
-    """How a momentum segment is exchanged (the optimizers' `compression`, `exact_vectors`,
-    `sign_scale`, `precondition`, `scale_dtype` and `virtual_workers` arguments)."""
+    """How a momentum segment is exchanged (module docstring). Strings are taken for the enums."""
 
     compression: Compression = Compression.deepspeed
     exact_vectors: bool = False
     sign_scale: SignScale = SignScale.rms
-    virtual_workers: int = 1
     precondition: bool = False  # exchange m/(√v+ε) with v frozen (module docstring), not m
     scale_dtype: ScaleDtype = ScaleDtype.float32  # how the scales travel (`pretrain.comm.ScaleDtype`)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compression", Compression(self.compression))
+        object.__setattr__(self, "sign_scale", SignScale(self.sign_scale))
+        object.__setattr__(self, "scale_dtype", ScaleDtype(self.scale_dtype))
 
     def blocks(self, params: list[Tensor], row_scaled: set[int], pad: int) -> list[Block] | None:
         """The scale blocks of a buffer holding `params` then `pad` zeros; None: DeepSpeed's layout."""
@@ -167,8 +170,9 @@ class MomentumSegment:
         traffic: TrafficCounter,
         options: ExchangeOptions,
         row_scaled: set[int],
+        virtual_workers: int = 1,
     ) -> MomentumSegment:
-        """`world_size` counts workers (processes × virtual workers)."""
+        """`world_size` counts workers (processes × `virtual_workers` per process)."""
         numel = sum(p.numel() for p in params)
         device = params[0].device
         buffer = torch.zeros(padded_numel(numel, world_size), dtype=torch.float32, device=device)
@@ -181,15 +185,15 @@ class MomentumSegment:
                 device,
                 counter=traffic,
                 layout=layout,
-                virtual_workers=options.virtual_workers,
+                virtual_workers=virtual_workers,
                 sign_scale=options.sign_scale,
                 scale_dtype=options.scale_dtype,
             )
         segment = cls(params, buffer, views_like(buffer, params), buffer[numel:], compressor)
         transposed = options.transposed(params, row_scaled)
         segment.transposed = transposed if any(transposed) else None
-        if options.virtual_workers > 1:
-            segment.local = torch.zeros(options.virtual_workers, buffer.numel(), device=device)
+        if virtual_workers > 1:
+            segment.local = torch.zeros(virtual_workers, buffer.numel(), device=device)
         return segment
 
     def snapshot(self) -> list[Tensor]:
@@ -296,16 +300,17 @@ class OnebitOptimizer(OptimizerBase):
         freeze_step: int,
         group: Any = None,
         exchange: ExchangeOptions | None = None,
+        virtual_workers: int = 1,
     ) -> None:
         if freeze_step < 1:
             raise ValueError(f"freeze_step must be >= 1, got {freeze_step}")
+        if virtual_workers < 1:
+            raise ValueError(f"virtual_workers must be >= 1, got {virtual_workers}")
         super().__init__(params, {**defaults, "step": 0})
         self.freeze_step = freeze_step
         self.group = group
         self.exchange = exchange or ExchangeOptions()
-        if self.exchange.virtual_workers < 1:
-            raise ValueError(f"virtual_workers must be >= 1, got {self.exchange.virtual_workers}")
-        self.virtual_workers = self.exchange.virtual_workers
+        self.virtual_workers = virtual_workers
         self.num_processes = _world_size(group)
         self.world_size = self.num_processes * self.virtual_workers  # data-parallel workers
         self.probe: Any = None  # diagnostics (module docstring)
@@ -430,7 +435,13 @@ class OnebitOptimizer(OptimizerBase):
         row_scaled = {id(p) for g in self.param_groups if g.get("row_scales") for p in g["params"]}
         for params in self._segment_groups():
             segment = MomentumSegment.build(
-                params, self.world_size, self.group, self.traffic, self.exchange, row_scaled
+                params,
+                self.world_size,
+                self.group,
+                self.traffic,
+                self.exchange,
+                row_scaled,
+                self.virtual_workers,
             )
             for param, view in zip(params, segment.views):
                 state = self.state[param]

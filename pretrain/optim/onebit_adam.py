@@ -17,17 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.kernels import MomentumSource
 from pretrain.optim import functional as F
 from pretrain.optim.live_step import local_momentum_
-from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer
+from pretrain.optim.onebit import ExchangeOptions, OnebitOptimizer
 
 
 class OnebitAdam(OnebitOptimizer):
-    """1-bit Adam. Defaults as DeepSpeed's; `exp_avg_mask`, `group` and the exchange options
-    (`compression`, `exact_vectors`, `sign_scale`, `virtual_workers`, `precondition`, `scale_dtype`) as
-    in `OnebitLamb`."""
+    """1-bit Adam. Defaults as DeepSpeed's; `exp_avg_mask`, `group`, `virtual_workers` and the exchange
+    (`exchange`, `pretrain.optim.onebit.ExchangeOptions`; DeepSpeed's by default) as in `OnebitLamb`."""
 
     def __init__(
         self,
@@ -38,24 +36,19 @@ class OnebitAdam(OnebitOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         *,
+        exchange: ExchangeOptions | None = None,
         group: Any = None,
-        compression: Compression | str = Compression.deepspeed,
-        exact_vectors: bool = False,
-        sign_scale: SignScale | str = SignScale.rms,
         virtual_workers: int = 1,
-        precondition: bool = False,
-        scale_dtype: ScaleDtype | str = ScaleDtype.float32,
     ) -> None:
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        exchange = ExchangeOptions(
-            Compression(compression),
-            exact_vectors,
-            SignScale(sign_scale),
-            virtual_workers,
-            precondition,
-            ScaleDtype(scale_dtype),
+        super().__init__(
+            params,
+            defaults,
+            freeze_step=freeze_step,
+            group=group,
+            exchange=exchange,
+            virtual_workers=virtual_workers,
         )
-        super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
 
     def _segment_groups(self) -> list[list[Tensor]]:
         return [list(group["params"]) for group in self.param_groups]

@@ -31,12 +31,13 @@ Two stages (`pretrain.optim.onebit`), with F = freeze_step:
    elements, one small fp32 allreduce) and each matrix with weight decay folds the rank-1 estimate of its
    mean square, r·cᵀ/Σr, into v: v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr; the exchange divisors follow.
 
-This project's 1-bit LAMB (`optim=onebit_lamb`) is: nvlamb warmup, live trust ratio, per_column scales,
+The algorithm is one `OnebitLambAlgorithm`, chosen at construction. This project's 1-bit LAMB
+(`optim=onebit_lamb`, `ONEBIT_LAMB_ALGORITHM`) is: nvlamb warmup, live trust ratio, per_column scales,
 preconditioned exchange, exact vectors with bfloat16 scales, mean_abs sign scale, live vector variance and
-the refresh every 64 steps. DeepSpeed's (`optim=onebit_lamb_deepspeed`, this class's defaults): deepspeed
-warmup, frozen c̄·f, one scale per rank's buffer with κ scaling (computed once at the first compression
-step), no preconditioning, rms sign scale, fp32 scales, v frozen. What each change does and the measurements
-behind it: docs/onebit-lamb.md and results/cpu-study/README.md.
+the refresh every 64 steps. DeepSpeed's (`optim=onebit_lamb_deepspeed`, `DEEPSPEED_ALGORITHM`, this
+class's default): deepspeed warmup, frozen c̄·f, one scale per rank's buffer with κ scaling (computed once
+at the first compression step), no preconditioning, rms sign scale, fp32 scales, v frozen. What each change
+does and the measurements behind it: docs/onebit-lamb.md and results/cpu-study/README.md.
 
 Per-parameter state: the step count lives in the param groups; `exp_avg` (a view into the flat buffer),
 `exp_avg_sq`, `lamb_coeff_freeze` (c̄), `last_factor`, from step F `exp_avg_sq_fresh` (v_f), from the
@@ -46,9 +47,11 @@ fp32 tensors on the parameter's device. Rank-local (checkpointed per rank): the 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -57,9 +60,10 @@ from torch import Tensor
 from pretrain.comm.compressed_allreduce import ScaleDtype, SignScale
 from pretrain.comm.exact import worker_order_mean
 from pretrain.comm.kernels import MomentumSource
-from pretrain.optim import compiled, lamb_loops
+from pretrain.optim import compiled
 from pretrain.optim import functional as F
 from pretrain.optim.base import global_grad_norm
+from pretrain.optim.lamb import LambVariant, eager_lamb_update
 from pretrain.optim.live_step import live_trust_ratio_step_, local_momentum_
 from pretrain.optim.marginals import add_square_marginals_many
 from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer, Stage
@@ -67,18 +71,82 @@ from pretrain.optim.onebit import Compression, ExchangeOptions, OnebitOptimizer,
 logger = logging.getLogger(__name__)
 
 
-class Warmup(str, enum.Enum):
-    """The warmup's LAMB, and the rules the compression stage keeps from it (module docstring)."""
-
-    deepspeed = "deepspeed"  # DeepSpeed's LAMB: no bias correction, clamped trust ratio on every tensor
-    nvlamb = "nvlamb"  # `Lamb(variant="nvlamb")`: pre-normalized gradients, bias correction, ratio on decayed
-
-
 class TrustRatio(str, enum.Enum):
     """The compression stage's step coefficient (module docstring)."""
 
     frozen = "frozen"  # DeepSpeed: c̄ (EMA of the warmup's trust ratios) times the fresh-variance factor
     live = "live"  # LAMB's trust ratio ‖p‖/‖u‖ (capped at max_coeff), every step on the compressed momentum
+
+
+@dataclass(frozen=True)
+class OnebitLambAlgorithm:
+    """Which 1-bit LAMB (module docstring), fixed at construction: the warmup's LAMB variant, the compression
+    stage's trust ratio, the momentum exchange, and whether the 1-D tensors keep a live variance. The two
+    algorithms are `ONEBIT_LAMB_ALGORITHM` (this project's, `optim=onebit_lamb`) and `DEEPSPEED_ALGORITHM`
+    (`optim=onebit_lamb_deepspeed`); a study of one change is `replace(...)` of either. The optimizer asks it
+    what its steps differ by (the properties and methods below), so the steps hold no option branches of
+    their own. Strings are taken for the enums."""
+
+    warmup: LambVariant = LambVariant.deepspeed
+    trust_ratio: TrustRatio = TrustRatio.frozen
+    exchange: ExchangeOptions = field(default_factory=ExchangeOptions)
+    live_vector_variance: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "warmup", LambVariant(self.warmup))
+        object.__setattr__(self, "trust_ratio", TrustRatio(self.trust_ratio))
+        if self.nvlamb and not self.live:
+            raise ValueError("OnebitLamb: warmup='nvlamb' needs trust_ratio='live'")
+
+    def replace(self, **changes: Any) -> OnebitLambAlgorithm:
+        """A copy with `changes`; the exchange's keys (`compression`, `precondition`, ...) go into
+        `exchange`."""
+        names = {f.name for f in fields(ExchangeOptions)}
+        exchange = {key: changes.pop(key) for key in list(changes) if key in names}
+        return dataclasses.replace(self, exchange=dataclasses.replace(self.exchange, **exchange), **changes)
+
+    @property
+    def nvlamb(self) -> bool:
+        """NVLAMB's rules: pre-normalized gradients (frozen at F for the compression stage), moments
+        bias-corrected at the freeze, no trust ratio on tensors without weight decay."""
+        return self.warmup is LambVariant.nvlamb
+
+    @property
+    def live(self) -> bool:
+        """The compression step is LAMB's own rule with the live trust ratio (else DeepSpeed's c̄·f)."""
+        return self.trust_ratio is TrustRatio.live
+
+    @property
+    def kappa(self) -> bool:
+        """The tensors enter the exchange scaled by κ (DeepSpeed's one scale per rank's buffer)."""
+        return self.exchange.compression is Compression.deepspeed
+
+    def ratio_bounds(self, weight_decay: float, max_coeff: float) -> tuple[float, float]:
+        """The live ratio's clamp: [1, 1] (no ratio) for an NVLAMB group without weight decay."""
+        return (1.0, 1.0) if self.nvlamb and weight_decay == 0.0 else (0.0, max_coeff)
+
+    def live_variance_positions(self, params: list[Tensor]) -> list[int]:
+        """The tensors whose variance stays live after the freeze: the 1-D ones, averaged exactly."""
+        if not (self.live_vector_variance and self.exchange.exact_vectors):
+            return []
+        return [i for i, p in enumerate(params) if p.dim() <= 1]
+
+
+# This project's 1-bit LAMB and DeepSpeed's (module docstring; what each change does and the measurements
+# behind it: docs/onebit-lamb.md).
+ONEBIT_LAMB_ALGORITHM = OnebitLambAlgorithm(
+    warmup=LambVariant.nvlamb,
+    trust_ratio=TrustRatio.live,
+    exchange=ExchangeOptions(
+        compression=Compression.per_column,
+        exact_vectors=True,
+        sign_scale=SignScale.mean_abs,
+        precondition=True,
+        scale_dtype=ScaleDtype.bfloat16,
+    ),
+    live_vector_variance=True,
+)
+DEEPSPEED_ALGORITHM = OnebitLambAlgorithm()
 
 
 class OnebitLamb(OnebitOptimizer):
@@ -89,25 +157,21 @@ class OnebitLamb(OnebitOptimizer):
             each of its parameters, multiplied into the momentum after every compressed exchange.
         lr, betas, eps, weight_decay: as in LAMB (ε outside the root, decoupled decay).
         freeze_step: number of warmup steps (≥ 1); compression from step freeze_step + 1.
-        min_coeff, max_coeff: clamp of the warmup trust ratio.
-        coeff_beta: EMA factor of c̄; DeepSpeed advises 1/(1 − coeff_beta) ≤ freeze_step.
-        factor_min, factor_max, factor_threshold: the compression-stage factor rule (docs/onebit-lamb.md).
-        group: data-parallel process group (None: the default group, or a world of one without
-            torch.distributed).
-        compression, exact_vectors, sign_scale, virtual_workers, precondition, scale_dtype:
-            the momentum exchange (`pretrain.optim.onebit`); the defaults are DeepSpeed's algorithm on real
-            ranks.
-        warmup: `deepspeed` (DeepSpeed's LAMB, the parity mode) or `nvlamb` (module docstring).
-        max_grad_norm: `warmup="nvlamb"`: the global gradient pre-normalization threshold (0 disables).
-        live_vector_variance: keep the 1-D tensors' variance live (module docstring); with
-            `exact_vectors` only (without it they are not averaged exactly and this does nothing).
+        algorithm: `OnebitLambAlgorithm` (default DeepSpeed's).
+        max_coeff: cap of the trust ratio (the live one's; the warmup's clamp with `min_coeff`).
+        min_coeff, coeff_beta, factor_min, factor_max, factor_threshold: DeepSpeed's rules: the clamp of
+            its warmup's trust ratio, the EMA factor of c̄ (DeepSpeed advises 1/(1 − coeff_beta) ≤
+            freeze_step), the compression-stage factor rule (docs/onebit-lamb.md).
+        max_grad_norm: NVLAMB's warmup: the global gradient pre-normalization threshold (0 disables).
         variance_refresh: K ≥ 2: every K-th compression step refreshes the matrices' variance from the
             workers' row and column sums of g² (module docstring); 0: off. Needs the live trust ratio.
-        trust_ratio: `frozen` (DeepSpeed: c̄·f) or `live` (module docstring).
         compile: run the warmup and compression steps as `torch.compile`d passes
             (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs the live trust
             ratio, `precondition` and one worker per process. Same math; results
             agree with the eager steps to float rounding, not bitwise.
+        group: data-parallel process group (None: the default group, or a world of one without
+            torch.distributed).
+        virtual_workers: simulated workers per process (`pretrain.optim.onebit`).
     """
 
     def __init__(
@@ -119,69 +183,58 @@ class OnebitLamb(OnebitOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         *,
+        algorithm: OnebitLambAlgorithm = DEEPSPEED_ALGORITHM,
         max_coeff: float = 10.0,
         min_coeff: float = 0.01,
         coeff_beta: float = 0.9,
         factor_max: float = 4.0,
         factor_min: float = 0.5,
         factor_threshold: float = 0.1,
-        group: Any = None,
-        compression: Compression | str = Compression.deepspeed,
-        exact_vectors: bool = False,
-        sign_scale: SignScale | str = SignScale.rms,
-        virtual_workers: int = 1,
-        precondition: bool = False,
-        scale_dtype: ScaleDtype | str = ScaleDtype.float32,
-        trust_ratio: TrustRatio | str = TrustRatio.frozen,
-        warmup: Warmup | str = Warmup.deepspeed,
         max_grad_norm: float = 1.0,
-        live_vector_variance: bool = False,
         variance_refresh: int = 0,
         compile: bool = False,
+        group: Any = None,
+        virtual_workers: int = 1,
     ) -> None:
         if not 0.0 <= min_coeff <= max_coeff or not 0.0 < factor_min <= factor_max:
             raise ValueError("OnebitLamb needs 0 <= min_coeff <= max_coeff and 0 < factor_min <= factor_max")
-        if Warmup(warmup) is Warmup.nvlamb and TrustRatio(trust_ratio) is TrustRatio.frozen:
-            raise ValueError("OnebitLamb: warmup='nvlamb' needs trust_ratio='live'")
         if max_grad_norm < 0:
             raise ValueError(f"OnebitLamb: max_grad_norm must be >= 0, got {max_grad_norm}")
         if variance_refresh < 0 or variance_refresh == 1:
             raise ValueError(f"OnebitLamb: variance_refresh must be 0 (off) or >= 2, got {variance_refresh}")
-        if variance_refresh and TrustRatio(trust_ratio) is TrustRatio.frozen:
+        if variance_refresh and not algorithm.live:
             raise ValueError("OnebitLamb: variance_refresh needs trust_ratio='live'")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        exchange = ExchangeOptions(
-            Compression(compression),
-            exact_vectors,
-            SignScale(sign_scale),
-            virtual_workers,
-            precondition,
-            ScaleDtype(scale_dtype),
-        )
         if compile:
             reason = compiled.unsupported_reason(
-                trust_ratio_live=TrustRatio(trust_ratio) is not TrustRatio.frozen,
-                precondition=precondition,
+                trust_ratio_live=algorithm.live,
+                precondition=algorithm.exchange.precondition,
                 virtual_workers=virtual_workers,
             )
             if reason is not None:
                 raise ValueError(f"OnebitLamb(compile=True) {reason}")
-        super().__init__(params, defaults, freeze_step=freeze_step, group=group, exchange=exchange)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(
+            params,
+            defaults,
+            freeze_step=freeze_step,
+            group=group,
+            exchange=algorithm.exchange,
+            virtual_workers=virtual_workers,
+        )
+        self.algorithm = algorithm
         self.compile = compile
         self._compiled_warmup = compiled.CompiledWarmupStep() if compile else None
         self._compiled_compression = compiled.CompiledCompressionStep() if compile else None
         self.min_coeff, self.max_coeff, self.coeff_beta = min_coeff, max_coeff, coeff_beta
-        self.trust_ratio = TrustRatio(trust_ratio)
-        self.warmup, self.max_grad_norm = Warmup(warmup), max_grad_norm
-        self.live_vector_variance = live_vector_variance
+        self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
+        self.max_grad_norm = max_grad_norm
         self.variance_refresh = variance_refresh
         # the variance refresh: each worker's row and column sums of its g² since the last refresh
         self._square_sums: Tensor | None = None
         self._factored: list[int] | None = None  # `_factored_positions`, once computed
         self._last_live_coeffs: dict[int, Any] = {}  # `live`: the last step's coefficients, per group
-        self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
 
     def _segment_groups(self) -> list[list[Tensor]]:
         return [[p for group in self.param_groups for p in group["params"]]]
@@ -223,7 +276,7 @@ class OnebitLamb(OnebitOptimizer):
     def _warmup_grad_scale(self, grads: list[Tensor]) -> float:
         """nvlamb: the pre-normalization 1/max(1, G/max_grad_norm) of this step (G over all tensors, one
         host sync, as `Lamb`), folded into every group's β2-EMA of it (`grad_scale_ema`); else 1."""
-        if self.warmup is not Warmup.nvlamb or self.max_grad_norm <= 0:
+        if not self.algorithm.nvlamb or self.max_grad_norm <= 0:
             return 1.0
         norm = self._grad_norm if self._grad_norm is not None else global_grad_norm(grads)
         scale = 1.0 / max(1.0, float(norm) / self.max_grad_norm)
@@ -234,7 +287,7 @@ class OnebitLamb(OnebitOptimizer):
 
     def _warmup_hyper(self, group: dict[str, Any], grad_scale: float) -> dict[str, Any]:
         hyper = self._hyper(group)
-        if self.warmup is Warmup.nvlamb:
+        if self.algorithm.nvlamb:
             bias_correction1, bias_correction2_sqrt = F.bias_corrections(
                 hyper["beta1"], hyper["beta2"], group["step"] + 1
             )
@@ -246,24 +299,16 @@ class OnebitLamb(OnebitOptimizer):
         return hyper
 
     def _eager_warmup_group(self, hyper: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor | None:
-        """LAMB's eager step (`Lamb._eager_update`): the numba loops on CPU, else the foreach functions."""
-        nvlamb = self.warmup is Warmup.nvlamb
-        if lamb_loops.usable(*tensors):
-            clamp: dict[str, Any] = {} if nvlamb else dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
-            return lamb_loops.lamb_step_(*tensors, nvlamb=nvlamb, **clamp, **hyper)
-        if nvlamb:
-            return self._chunked(F.nvlamb_update_, tensors, (), **hyper)
-        extra = dict(min_coeff=self.min_coeff, max_coeff=self.max_coeff)
-        coeffs = self._chunked(F.deepspeed_lamb_update_, tensors, (), **extra, **hyper)
-        assert coeffs is not None
-        return coeffs
+        """LAMB's eager step, `Lamb`'s own (`lamb.eager_lamb_update`)."""
+        warmup = self.algorithm.warmup
+        return eager_lamb_update(self.workspace, tensors, warmup, self.min_coeff, self.max_coeff, **hyper)
 
     def _compiled_warmup_group(self, hyper: dict[str, Any], tensors: list[list[Tensor]]) -> Tensor | None:
         """Compiled kernels for the large tensors, the eager foreach step for the small ones (one
         compiled call costs more than their whole update: `compiled.COMPILED_MIN_NUMEL`)."""
         assert self._compiled_warmup is not None
         params = tensors[0]
-        clamp_ratio = self.warmup is Warmup.deepspeed
+        clamp_ratio = not self.algorithm.nvlamb
         if not clamp_ratio and hyper["weight_decay"] == 0.0:  # nvlamb: no ratio, a plain foreach step
             return self._eager_warmup_group(hyper, tensors)
         coeffs = torch.empty(len(params), dtype=torch.float32, device=params[0].device)
@@ -289,7 +334,7 @@ class OnebitLamb(OnebitOptimizer):
     def _freeze(self) -> None:
         """v_f ← v; κ is recomputed at the next (first compression) step; the factor rule restarts at 1.
         nvlamb: m, v ← their bias-corrected values first, and the gradient pre-normalization is frozen."""
-        if self.warmup is Warmup.nvlamb:
+        if self.algorithm.nvlamb:
             self._correct_moments()
         super()._freeze()
         self._square_sums = None
@@ -314,7 +359,7 @@ class OnebitLamb(OnebitOptimizer):
 
     def _compression_grad_scale(self) -> float:
         """nvlamb: the frozen average pre-normalization factor the local gradients are multiplied by."""
-        if self.warmup is not Warmup.nvlamb:
+        if not self.algorithm.nvlamb:
             return 1.0
         return float(self.param_groups[0].get("frozen_grad_scale", 1.0))
 
@@ -328,11 +373,6 @@ class OnebitLamb(OnebitOptimizer):
             worker_rows.mul_(scale)
         else:
             torch._foreach_mul_(grads, scale)
-
-    def _live_variance_positions(self, segment: Any) -> list[int]:
-        if not (self.live_vector_variance and self.exchange.exact_vectors):
-            return []
-        return [i for i, p in enumerate(segment.params) if p.dim() <= 1]
 
     def _update_live_variance(self, segment: Any, positions: list[int], previous: list[Tensor]) -> None:
         """v ← β2·v + (1−β2)·ĝ², ĝ = (m̂ₜ − β1·m̂ₜ₋₁)/(1−β1), for the exactly averaged tensors; their
@@ -362,13 +402,6 @@ class OnebitLamb(OnebitOptimizer):
                 torch._foreach_sqrt_(roots)
                 torch._foreach_add_(roots, eps)
 
-    def _ratio_bounds(self, group: dict[str, Any]) -> tuple[float, float]:
-        """The compression stage's clamp of the live ratio: [1, 1] (no ratio) for an nvlamb group
-        without weight decay."""
-        if self.warmup is Warmup.nvlamb and group["weight_decay"] == 0.0:
-            return 1.0, 1.0
-        return 0.0, self.max_coeff
-
     def _refresh_next(self) -> bool:
         """`variance_refresh`: the next step is the K-th compression step since the freeze."""
         refresh, frozen_at = self.variance_refresh, self.frozen_at
@@ -388,7 +421,7 @@ class OnebitLamb(OnebitOptimizer):
         if not deferred:
             self._scale_gradients(segment.local, grads)
         grad_scale = self._compression_grad_scale() if deferred else 1.0
-        live = self._live_variance_positions(segment)
+        live = self.algorithm.live_variance_positions(segment.params)
         marginals = None
         if self.variance_refresh:
             if not refresh_now and segment.local is None:  # added where the local momentum is formed
@@ -502,10 +535,9 @@ class OnebitLamb(OnebitOptimizer):
                 self._accumulate_marginals(segment, grads)
             self._compiled_compression_step(segment, grads)
             return
-        prev_exp_avgs = segment.snapshot() if self.trust_ratio is TrustRatio.frozen else segment.views
-        kappas = None
-        if self.exchange.compression is Compression.deepspeed:
-            kappas = self._scaling_coefficients(segment.params)
+        # the frozen rule reads the previous momentum; the live step needs no copy of it
+        prev_exp_avgs = segment.views if self.algorithm.live else segment.snapshot()
+        kappas = self._scaling_coefficients(segment.params) if self.algorithm.kappa else None
         betas = {group["betas"][0] for group in self.param_groups}
         if segment.local is not None and len(betas) > 1:
             raise ValueError("virtual workers need one beta1 for all parameter groups")
@@ -531,15 +563,17 @@ class OnebitLamb(OnebitOptimizer):
             for group, span in [] if formed else self._group_slices():
                 F.local_momentum_(momenta[span], grads[span], beta1=group["betas"][0])
         # the live step multiplies the average ū back by √v+ε itself (`_compressed_update`)
-        averages = self._fused_exchange(segment, kappas) and self.trust_ratio is not TrustRatio.frozen
+        averages = self._fused_exchange(segment, kappas) and self.algorithm.live
         source = prepared if isinstance(prepared, MomentumSource) else None
         divided = prepared is not False
         self._exchange(segment, kappas, beta1=beta1, divided=divided, scale_back=not averages, source=source)
         self._apply_masks()  # a 0/1 mask: the same bits on ū as on m = ū·(√v+ε)
         divisors = segment.divisors  # √v+ε, kept in step with v (built by the preconditioned exchange)
         for group, span in self._group_slices():
-            group_divisors = None if divisors is None else divisors[span]
-            self._compressed_update(group, prev_exp_avgs[span], group_divisors, averages=averages)
+            if self.algorithm.live:
+                self._live_step(group, None if divisors is None else divisors[span], averages=averages)
+            else:
+                self._frozen_step(group, prev_exp_avgs[span])
 
     def _compiled_compression_step(self, segment: Any, grads: list[Tensor]) -> None:
         """`pretrain.optim.compiled.CompiledCompressionStep` over every group (live ratio, preconditioned)."""
@@ -554,7 +588,7 @@ class OnebitLamb(OnebitOptimizer):
         for group, span in self._group_slices():
             hyper = self._hyper(group)
             params = group["params"]
-            min_coeff, max_coeff = self._ratio_bounds(group)
+            min_coeff, max_coeff = self.algorithm.ratio_bounds(group["weight_decay"], self.max_coeff)
             scalars = F.live_scalars(
                 beta1=hyper["beta1"], lr=hyper["lr"], weight_decay=hyper["weight_decay"],
                 min_coeff=min_coeff, max_coeff=max_coeff, device=segment.buffer.device,
@@ -584,41 +618,35 @@ class OnebitLamb(OnebitOptimizer):
                 self.state[p]["scaling_coeff"] = kappa.clone()
         return self._states(params, "scaling_coeff")
 
-    def _compressed_update(
-        self,
-        group: dict[str, Any],
-        prev_exp_avgs: list[Tensor],
-        divisors: list[Tensor] | None = None,
-        *,
-        averages: bool = False,
-    ) -> None:
-        """`divisors`: the group's √v+ε where the exchange keeps them (the live step then skips the root).
-        `averages`: the momenta still hold the exchange's ū = m/(√v+ε) (`_exchange(scale_back=False)`);
-        the live step forms m = ū·(√v+ε) and stores it."""
+    def _live_step(self, group: dict[str, Any], divisors: list[Tensor] | None, *, averages: bool) -> None:
+        """LAMB's rule on the averaged momentum: p ← p − η·c·(m/(√v+ε) + λp), c = clamp(‖p‖/‖u‖) (module
+        docstring). `divisors`: the group's √v+ε where the exchange keeps them (the step then skips the
+        root). `averages`: the momenta still hold the exchange's ū = m/(√v+ε) (`_exchange(scale_back=False)`);
+        the step forms m = ū·(√v+ε) and stores it. The numba loops on CPU, else the foreach functions."""
         params = group["params"]
-        if self.trust_ratio is not TrustRatio.frozen:
-            exp_avgs = self._states(params, "exp_avg")
-            tensors = [[self._fp32_param(p) for p in params], exp_avgs]
-            tensors.append(self._states(params, "exp_avg_sq") if divisors is None else divisors)
-            hyper = self._hyper(group)
-            min_coeff, max_coeff = self._ratio_bounds(group)
-            options = dict(
-                lr=hyper["lr"],
-                eps=hyper["eps"],
-                weight_decay=hyper["weight_decay"],
-                min_coeff=min_coeff,
-                max_coeff=max_coeff,
-                rooted=divisors is not None,
-            )
-            # numba on CPU (None: not usable here, nothing changed)
-            coeffs = live_trust_ratio_step_(*tensors, **options, averages=averages)
-            if coeffs is None:
-                if averages:  # the pass `_exchange` left out, with its arithmetic
-                    assert divisors is not None
-                    torch._foreach_mul_(exp_avgs, divisors)
-                coeffs = self._chunked(F.clamped_trust_ratio_step_, tensors, (), **options)
-            self._last_live_coeffs[id(group)] = coeffs
-            return
+        exp_avgs = self._states(params, "exp_avg")
+        tensors = [[self._fp32_param(p) for p in params], exp_avgs]
+        tensors.append(self._states(params, "exp_avg_sq") if divisors is None else divisors)
+        min_coeff, max_coeff = self.algorithm.ratio_bounds(group["weight_decay"], self.max_coeff)
+        options = dict(
+            lr=group["lr"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            min_coeff=min_coeff,
+            max_coeff=max_coeff,
+            rooted=divisors is not None,
+        )
+        coeffs = live_trust_ratio_step_(*tensors, **options, averages=averages)  # None: not usable here
+        if coeffs is None:
+            if averages:  # the pass `_exchange` left out, with its arithmetic
+                assert divisors is not None
+                torch._foreach_mul_(exp_avgs, divisors)
+            coeffs = self._chunked(F.clamped_trust_ratio_step_, tensors, (), **options)
+        self._last_live_coeffs[id(group)] = coeffs
+
+    def _frozen_step(self, group: dict[str, Any], prev_exp_avgs: list[Tensor]) -> None:
+        """DeepSpeed's rule: p ← p − η·c̄·f·(m/(√v+ε) + λp), f from the fresh variance (module docstring)."""
+        params = group["params"]
         tensors = [[self._fp32_param(p) for p in params], self._states(params, "exp_avg"), prev_exp_avgs]
         tensors += [self._states(params, "exp_avg_sq"), self._states(params, "exp_avg_sq_fresh")]
         last_factors = self._states(params, "last_factor")

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from pretrain.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from pretrain.observability.diagnostics import family_of
-from pretrain.optim.config import DEEPSPEED_ALGORITHM, ONEBIT_LAMB_ALGORITHM
 from pretrain.optim.onebit import Compression
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM, ONEBIT_LAMB_ALGORITHM
 from pretrain.optim.params import param_groups
 
 
@@ -72,7 +72,7 @@ def _ordered(model: nn.Module, config: dict[str, Any]) -> list[tuple[str, dict[s
     masks = bool(optim.get("mask_unused_position_embeddings", False)) and optim["name"].startswith("onebit")
     # a preset's config has no `compression` key (its algorithm's); a 1-bit Adam's and older runs' do
     preset = ONEBIT_LAMB_ALGORITHM if optim["name"] == "onebit_lamb" else DEEPSPEED_ALGORITHM
-    compression = Compression(optim.get("compression", preset["compression"]))
+    compression = Compression(optim.get("compression", preset.exchange.compression))
     row_scales = optim["name"].startswith("onebit") and compression.row_scales
     length = config["batch"]["phases"][0]["max_seq_length"] if masks else None
     groups = param_groups(model, optim["weight_decay"], max_seq_length=length, row_scales=row_scales)

@@ -168,7 +168,7 @@ _DEEPSPEED = {
     "refresh_from": "exact",
     "refresh_block": 128,
 }
-# `optim=onebit_lamb`: this project's 1-bit LAMB (pretrain/optim/config.py ONEBIT_LAMB_ALGORITHM)
+# `optim=onebit_lamb`: this project's 1-bit LAMB (pretrain/optim/onebit_lamb.py ONEBIT_LAMB_ALGORITHM)
 _ONEBIT_LAMB = {
     **_DEEPSPEED,
     "compression": "per_column",
@@ -184,6 +184,11 @@ _ONEBIT_LAMB = {
     "refresh_from": "rank1",
 }
 ONEBIT_LAMB_PRESETS = {"onebit_lamb": _ONEBIT_LAMB, "onebit_lamb_deepspeed": _DEEPSPEED}
+
+
+def _with_deepspeed_defaults(optim: dict[str, Any]) -> dict[str, Any]:
+    """A 1-bit run's `optim` config over DeepSpeed's options: a missing key is DeepSpeed's value."""
+    return {**_DEEPSPEED, **{k: v for k, v in optim.items() if k in _DEEPSPEED}}
 
 
 def _deviations(values: dict[str, Any], reference: dict[str, Any]) -> list[str]:
@@ -215,7 +220,7 @@ def onebit_lamb_identity(optim: dict[str, Any]) -> tuple[str, str]:
         reference = ONEBIT_LAMB_PRESETS.get(name, _ONEBIT_LAMB)
         values = {**reference, **{k: v for k, v in optim.items() if k in reference}}
         return name, "+".join(_deviations(values, reference))
-    values = {**_DEEPSPEED, **{k: v for k, v in optim.items() if k in _DEEPSPEED}}
+    values = _with_deepspeed_defaults(optim)
     if optim.get("eps") is None:  # null: the warmup's default
         values["eps"] = 1e-6 if values["warmup"] == "nvlamb" else 1e-8
     named = [(name, _deviations(values, reference)) for name, reference in ONEBIT_LAMB_PRESETS.items()]
@@ -237,7 +242,7 @@ def _identity(optim: dict[str, Any]) -> tuple[str | None, str]:
         if parts and not optim.get("bias_correction", True):
             parts.append("no_bias_correction")
         return None, "+".join(parts + averaged)
-    values = {**_DEEPSPEED, **{k: v for k, v in optim.items() if k in _DEEPSPEED}}
+    values = _with_deepspeed_defaults(optim)
     parts = _deviations(values, _DEEPSPEED)
     return None, "+".join(parts + averaged)
 

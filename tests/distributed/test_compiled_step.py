@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM
 from tests.distributed.launcher import run_distributed
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # compiling: ~20 s per process on 2 CPU cores
@@ -63,11 +64,23 @@ def _optimizer(model: torch.nn.Module, compile: bool, warmup: str):
     refresh = dict(variance_refresh=2) if warmup == "nvlamb_refresh" else {}
     warmup = warmup.removesuffix("_refresh")
     return OnebitLamb(
-        groups, lr=0.02, freeze_step=FREEZE_STEP, coeff_beta=0.5, compression="per_column",
-        sign_scale="mean_abs", precondition=True, trust_ratio="live", exact_vectors=True,
-        scale_dtype="bfloat16", compile=compile, warmup=warmup, live_vector_variance=warmup == "nvlamb",
+        groups,
+        lr=0.02,
+        freeze_step=FREEZE_STEP,
+        coeff_beta=0.5,
+        compile=compile,
+        algorithm=DEEPSPEED_ALGORITHM.replace(
+            compression="per_column",
+            sign_scale="mean_abs",
+            precondition=True,
+            trust_ratio="live",
+            exact_vectors=True,
+            scale_dtype="bfloat16",
+            warmup=warmup,
+            live_vector_variance=warmup == "nvlamb",
+        ),
         **refresh,
-    )  # fmt: skip
+    )
 
 
 def _set_gradients(model: torch.nn.Module, rank: int, step: int, average: bool) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM
 from tests.distributed.launcher import run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -51,16 +52,15 @@ def _run(
     weight = torch.nn.Parameter(torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(0)))
     optimizer = OnebitLamb(
         [{"params": [weight], "weight_decay": 0.0}],
-        lr=1e-3,
+        lr=0.001,
         freeze_step=2,
         coeff_beta=0.5,
         betas=(BETA1, 0.999),
         eps=EPS,
-        compression=compression,
-        sign_scale="mean_abs",
-        trust_ratio="live",
         virtual_workers=WORKERS,
-        precondition=precondition,
+        algorithm=DEEPSPEED_ALGORITHM.replace(
+            compression=compression, sign_scale="mean_abs", trust_ratio="live", precondition=precondition
+        ),
     )
     errors, momenta = [], []
     for step in range(2 + steps):
@@ -155,17 +155,19 @@ def _divisor_run(rank: int, world_size: int) -> dict:
     bias = torch.nn.Parameter(torch.randn(COLS, generator=generator))
     optimizer = OnebitLamb(
         [weight, bias],
-        lr=1e-3,
+        lr=0.001,
         freeze_step=2,
         betas=(BETA1, 0.999),
         eps=EPS,
-        compression="per_column",
-        sign_scale="mean_abs",
-        trust_ratio="live",
-        precondition=True,
-        exact_vectors=True,
-        live_vector_variance=True,
         variance_refresh=2,
+        algorithm=DEEPSPEED_ALGORITHM.replace(
+            compression="per_column",
+            sign_scale="mean_abs",
+            trust_ratio="live",
+            precondition=True,
+            exact_vectors=True,
+            live_vector_variance=True,
+        ),
     )
     mismatches, steps = [], 0
     for step in range(9):

@@ -58,6 +58,8 @@ CONFIGS = {
 
 def _build(config: str, virtual_workers: int):
     from pretrain.optim import OnebitAdam, OnebitLamb
+    from pretrain.optim.onebit import ExchangeOptions
+    from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM
 
     name, options = CONFIGS[config]
     model = _model(VOCAB)
@@ -70,17 +72,24 @@ def _build(config: str, virtual_workers: int):
         {"params": [embedding], "weight_decay": 0.01, "exp_avg_mask": mask, "row_scales": row_scales},
     ]
     if name == "onebit_lamb":
+        options = dict(options)
+        tunable = {key: options.pop(key) for key in ("eps", "variance_refresh") if key in options}
         optimizer = OnebitLamb(
             groups,
             lr=0.02,
             freeze_step=FREEZE_STEP,
             max_coeff=0.3,
             virtual_workers=virtual_workers,
-            **options,
+            algorithm=DEEPSPEED_ALGORITHM.replace(**options),
+            **tunable,
         )
     else:
         optimizer = OnebitAdam(
-            groups, lr=0.01, freeze_step=FREEZE_STEP, virtual_workers=virtual_workers, **options
+            groups,
+            lr=0.01,
+            freeze_step=FREEZE_STEP,
+            virtual_workers=virtual_workers,
+            exchange=ExchangeOptions(**options),
         )
     return model, optimizer
 

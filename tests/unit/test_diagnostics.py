@@ -11,6 +11,7 @@ from transformers import BertConfig, BertForPreTraining
 from data.vocab_subset import subset_vocabulary
 from pretrain.observability.diagnostics import BUCKETS, FAMILIES, Diagnostics, family_of
 from pretrain.optim import Lamb, OnebitLamb, param_groups
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM
 
 VOCAB = 50
 
@@ -150,7 +151,12 @@ def test_vocabulary_subset_keeps_characters_and_frequent_tokens():
 def test_live_trust_ratio_steps_as_lamb_would():
     """`trust_ratio=live`: the compression step's update ratio is LAMB's rule's, η on weight matrices."""
     model = _model()
-    optimizer = OnebitLamb(param_groups(model, 0.01), lr=0.01, freeze_step=1, trust_ratio="live")
+    optimizer = OnebitLamb(
+        param_groups(model, 0.01),
+        lr=0.01,
+        freeze_step=1,
+        algorithm=DEEPSPEED_ALGORITHM.replace(trust_ratio="live"),
+    )
     diagnostics = Diagnostics(model, optimizer, None)
     _backward(model, 0)
     optimizer.step()  # warmup

@@ -15,6 +15,7 @@ import torch
 from pretrain.optim import OnebitLamb
 from pretrain.optim import functional as F
 from pretrain.optim.compiled import transpose_into_, unsupported_reason
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM
 
 BETA1, LR, WD, EPS, MAX_COEFF = 0.9, 0.01, 0.01, 1e-8, 10.0
 
@@ -86,12 +87,20 @@ def test_ratio_is_one_where_a_norm_is_zero_and_capped_at_max_coeff():
     [
         (dict(trust_ratio="frozen", precondition=True), "live trust ratio"),
         (dict(trust_ratio="live", precondition=False), "precondition=true"),
-        (dict(trust_ratio="live", precondition=True, virtual_workers=2), "one worker per process"),
+        (dict(trust_ratio="live", precondition=True, workers=2), "one worker per process"),
     ],
 )
 def test_compile_refuses_what_it_cannot_run(options, message):
+    workers = options.pop("workers", 1)
+    algorithm = DEEPSPEED_ALGORITHM.replace(**options)
     with pytest.raises(ValueError, match=message):
-        OnebitLamb([torch.nn.Parameter(torch.ones(3))], freeze_step=2, compile=True, **options)
+        OnebitLamb(
+            [torch.nn.Parameter(torch.ones(3))],
+            freeze_step=2,
+            compile=True,
+            algorithm=algorithm,
+            virtual_workers=workers,
+        )
 
 
 def test_unsupported_reason_none_for_the_default():

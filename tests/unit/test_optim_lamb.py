@@ -36,8 +36,8 @@ def test_deepspeed_lamb_without_bias_correction():
 
 def test_deepspeed_lamb_update_and_clamped_ratio():
     p, m, v = [torch.tensor([3.0, 4.0])], [torch.zeros(2)], [torch.zeros(2)]
-    coeffs = F.deepspeed_lamb_update_(
-        p, [torch.ones(2)], m, v, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
+    coeffs = F.lamb_update_(
+        p, [torch.ones(2)], m, v, nvlamb=False, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
         min_coeff=0.01, max_coeff=0.3,
     )  # fmt: skip
     assert coeffs.tolist() == pytest.approx([0.3])  # raw ratio 1.105794 clamped

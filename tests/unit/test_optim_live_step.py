@@ -12,6 +12,7 @@ import torch
 from pretrain.comm.numba_support import numba_unavailable_reason
 from pretrain.optim import functional as F
 from pretrain.optim.live_step import live_trust_ratio_step_, local_momentum_, preconditioned_momentum_
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM
 
 pytestmark = pytest.mark.skipif(numba_unavailable_reason() is not None, reason="numba unavailable")
 
@@ -83,7 +84,9 @@ def test_onebit_lamb_takes_it_in_the_compression_stage(monkeypatch):
     )
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Linear(12, 3))
-    optimizer = OnebitLamb(model.parameters(), freeze_step=2, trust_ratio="live")
+    optimizer = OnebitLamb(
+        model.parameters(), freeze_step=2, algorithm=DEEPSPEED_ALGORITHM.replace(trust_ratio="live")
+    )
     for _ in range(4):
         for p in model.parameters():
             p.grad = torch.randn_like(p)
@@ -307,10 +310,20 @@ def test_one_process_onebit_lamb_takes_the_refresh_marginals_in_its_momentum_loo
                 torch.nn.Parameter(torch.randn(s, generator=generator)) for s in [(300, 70), (70,), (64, 32)]
             ]
             optimizer = OnebitLamb(
-                [{"params": params}], lr=1e-3, freeze_step=1, coeff_beta=0.5, compression="per_column",
-                precondition=True, trust_ratio="live", exact_vectors=True, warmup="nvlamb",
-                live_vector_variance=True, variance_refresh=2,
-            )  # fmt: skip
+                [{"params": params}],
+                lr=0.001,
+                freeze_step=1,
+                coeff_beta=0.5,
+                variance_refresh=2,
+                algorithm=DEEPSPEED_ALGORITHM.replace(
+                    compression="per_column",
+                    precondition=True,
+                    trust_ratio="live",
+                    exact_vectors=True,
+                    warmup="nvlamb",
+                    live_vector_variance=True,
+                ),
+            )
             for _ in range(7):  # the warmup, then six compression steps (three refreshes)
                 for p in params:
                     p.grad = torch.randn(p.shape, generator=generator)

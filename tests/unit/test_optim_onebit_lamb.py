@@ -11,6 +11,7 @@ import torch
 from pretrain.optim import Lamb, OnebitLamb, Stage, mark_gradients_checked
 from pretrain.optim import functional as F
 from pretrain.optim import onebit as onebit_module
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM
 
 FACTOR_RULE = dict(factor_min=0.5, factor_max=4.0, factor_threshold=0.1)
 
@@ -436,9 +437,9 @@ def test_live_trust_ratio_takes_lambs_step_on_the_frozen_variance():
         [{"params": params, "weight_decay": 0.01}],
         lr=0.01,
         freeze_step=2,
-        trust_ratio="live",
         min_coeff=0.25,
         max_coeff=0.3,
+        algorithm=DEEPSPEED_ALGORITHM.replace(trust_ratio="live"),
     )
     for step in range(2):
         for p, g in zip(params, _grads(step)):
@@ -466,7 +467,11 @@ def test_live_trust_ratio_takes_lambs_step_on_the_frozen_variance():
 def test_nvlamb_warmup_is_exactly_lamb():
     onebit_model, lamb_model = _model(), _model()
     onebit = OnebitLamb(
-        _groups(onebit_model), lr=0.01, freeze_step=6, eps=1e-6, warmup="nvlamb", trust_ratio="live"
+        _groups(onebit_model),
+        lr=0.01,
+        freeze_step=6,
+        eps=1e-6,
+        algorithm=DEEPSPEED_ALGORITHM.replace(warmup="nvlamb", trust_ratio="live"),
     )
     lamb = Lamb(_groups(lamb_model), lr=0.01)  # nvlamb: bias correction, pre-normalization at 1.0
     for step in range(6):
@@ -535,8 +540,11 @@ def test_nvlamb_compression_stage_keeps_lambs_rules_at_one_process():
     start = [p.detach().clone() for p in params]
     optimizer = OnebitLamb(
         [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
-        lr=0.01, freeze_step=3, eps=1e-6, warmup="nvlamb", trust_ratio="live",
-    )  # fmt: skip
+        lr=0.01,
+        freeze_step=3,
+        eps=1e-6,
+        algorithm=DEEPSPEED_ALGORITHM.replace(warmup="nvlamb", trust_ratio="live"),
+    )
     for step in range(7):
         for p, g in zip(params, _big_grads(step)):
             p.grad = g.clone()
@@ -554,9 +562,17 @@ def test_live_vector_variance_follows_the_vectors_gradients_after_the_freeze():
     start = [p.detach().clone() for p in params]
     optimizer = OnebitLamb(
         [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
-        lr=0.01, freeze_step=3, eps=1e-6, warmup="nvlamb", trust_ratio="live", exact_vectors=True,
-        precondition=True, live_vector_variance=True,
-    )  # fmt: skip
+        lr=0.01,
+        freeze_step=3,
+        eps=1e-6,
+        algorithm=DEEPSPEED_ALGORITHM.replace(
+            warmup="nvlamb",
+            trust_ratio="live",
+            exact_vectors=True,
+            precondition=True,
+            live_vector_variance=True,
+        ),
+    )
     frozen = None
     for step in range(7):
         for p, g in zip(params, _big_grads(step)):
@@ -580,9 +596,18 @@ def test_variance_refresh_updates_v_every_kth_compression_step(live_vectors: boo
     start = [p.detach().clone() for p in params]
     optimizer = OnebitLamb(
         [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
-        lr=0.01, freeze_step=3, eps=1e-6, warmup="nvlamb", trust_ratio="live", exact_vectors=True,
-        precondition=True, live_vector_variance=live_vectors, variance_refresh=3,
-    )  # fmt: skip
+        lr=0.01,
+        freeze_step=3,
+        eps=1e-6,
+        variance_refresh=3,
+        algorithm=DEEPSPEED_ALGORITHM.replace(
+            warmup="nvlamb",
+            trust_ratio="live",
+            exact_vectors=True,
+            precondition=True,
+            live_vector_variance=live_vectors,
+        ),
+    )
     asked, changed = [], []
     for step in range(10):
         asked.append(optimizer.needs_gradient_allreduce)
@@ -605,8 +630,12 @@ def _nvlamb_two_tensor_optimizer(params: list[torch.nn.Parameter], **options) ->
     """nvlamb, live ratio, preconditioned, freeze at 3: the matrix with weight decay, the vector without."""
     return OnebitLamb(
         [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}],
-        lr=0.01, freeze_step=3, eps=1e-6, warmup="nvlamb", trust_ratio="live", precondition=True, **options,
-    )  # fmt: skip
+        lr=0.01,
+        freeze_step=3,
+        eps=1e-6,
+        algorithm=DEEPSPEED_ALGORITHM.replace(warmup="nvlamb", trust_ratio="live", precondition=True),
+        **options,
+    )
 
 
 def _refreshed_two_tensors(steps: int, grads_at=None, **options):
@@ -640,7 +669,12 @@ def test_rank1_variance_refresh_folds_in_the_squares_rebuilt_from_their_marginal
 
 def test_variance_refresh_needs_a_live_ratio_and_k_of_at_least_two():
     with pytest.raises(ValueError, match="variance_refresh"):
-        OnebitLamb(_two_tensors(), freeze_step=2, variance_refresh=1, trust_ratio="live")
+        OnebitLamb(
+            _two_tensors(),
+            freeze_step=2,
+            variance_refresh=1,
+            algorithm=DEEPSPEED_ALGORITHM.replace(trust_ratio="live"),
+        )
     with pytest.raises(ValueError, match="variance_refresh"):
         OnebitLamb(_two_tensors(), freeze_step=2, variance_refresh=4)  # trust_ratio=frozen
 
@@ -654,8 +688,10 @@ def test_nvlamb_warmup_moves_a_zero_bias_like_lamb_and_deepspeeds_does_not():
         weight, bias = torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.zeros(4))
         optimizer = OnebitLamb(
             [{"params": [weight], "weight_decay": 0.01}, {"params": [bias], "weight_decay": 0.0}],
-            lr=0.01, freeze_step=20, warmup=warmup, trust_ratio="live",
-        )  # fmt: skip
+            lr=0.01,
+            freeze_step=20,
+            algorithm=DEEPSPEED_ALGORITHM.replace(warmup=warmup, trust_ratio="live"),
+        )
         for step in range(10):
             weight.grad, bias.grad = torch.full((4, 4), 0.1), torch.full((4,), 0.1)
             optimizer.step()
@@ -667,7 +703,11 @@ def test_nvlamb_warmup_moves_a_zero_bias_like_lamb_and_deepspeeds_does_not():
 
 def test_nvlamb_warmup_needs_a_live_trust_ratio():
     with pytest.raises(ValueError, match="nvlamb"):
-        OnebitLamb(_two_tensors(), freeze_step=2, warmup="nvlamb", trust_ratio="frozen")
+        OnebitLamb(
+            _two_tensors(),
+            freeze_step=2,
+            algorithm=DEEPSPEED_ALGORITHM.replace(warmup="nvlamb", trust_ratio="frozen"),
+        )
 
 
 def test_live_vector_variance_in_multi_tensor_ops_keeps_each_tensors_arithmetic():
@@ -681,7 +721,12 @@ def test_live_vector_variance_in_multi_tensor_ops_keeps_each_tensors_arithmetic(
         {"params": params[:2], "betas": (0.9, 0.999), "eps": 1e-6},
         {"params": params[2:], "betas": (0.8, 0.99), "eps": 1e-8},
     ]
-    optimizer = OnebitLamb(groups, lr=0.01, freeze_step=3, exact_vectors=True, live_vector_variance=True)
+    optimizer = OnebitLamb(
+        groups,
+        lr=0.01,
+        freeze_step=3,
+        algorithm=DEEPSPEED_ALGORITHM.replace(exact_vectors=True, live_vector_variance=True),
+    )
     for p in params:
         optimizer.state[p]["exp_avg_sq"] = torch.rand(p.shape, generator=generator)
     views = [torch.randn(p.shape, generator=generator) for p in params]

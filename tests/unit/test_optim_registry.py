@@ -22,6 +22,7 @@ from pretrain.optim import (
     needs_gradient_allreduce,
     param_groups,
 )
+from pretrain.optim.onebit_lamb import DEEPSPEED_ALGORITHM
 
 OPTIM_DIR = REPO_ROOT / "conf" / "optim"
 
@@ -171,12 +172,16 @@ def test_scale_dtype_reaches_the_compressed_allreduce():
     from pretrain.optim import OnebitLamb
     from pretrain.optim.config import OnebitLambConfig
 
-    assert OnebitLambConfig().optimizer_kwargs()["scale_dtype"] is ScaleDtype.bfloat16
-    assert OnebitLambDeepspeedConfig().optimizer_kwargs()["scale_dtype"] is ScaleDtype.float32
-    optimizer = OnebitLamb([torch.nn.Parameter(torch.zeros(3))], scale_dtype="bfloat16")
+    assert OnebitLambConfig().optimizer_kwargs()["algorithm"].exchange.scale_dtype is ScaleDtype.bfloat16
+    assert OnebitLambDeepspeedConfig().exchange_kwargs()["scale_dtype"] is ScaleDtype.float32
+    optimizer = OnebitLamb(
+        [torch.nn.Parameter(torch.zeros(3))], algorithm=DEEPSPEED_ALGORITHM.replace(scale_dtype="bfloat16")
+    )
     assert optimizer.exchange.scale_dtype is ScaleDtype.bfloat16 and ScaleDtype.bfloat16.bytes == 2
     with pytest.raises(ValueError, match="float16"):
-        OnebitLamb([torch.nn.Parameter(torch.zeros(3))], scale_dtype="float16")
+        OnebitLamb(
+            [torch.nn.Parameter(torch.zeros(3))], algorithm=DEEPSPEED_ALGORITHM.replace(scale_dtype="float16")
+        )
 
 
 def test_changed_options_name_what_a_resume_changes():
@@ -193,8 +198,9 @@ def test_changed_options_name_what_a_resume_changes():
 def test_the_two_presets_build_the_two_algorithms():
     """optim=onebit_lamb_deepspeed is DeepSpeed's algorithm (OnebitLamb's own defaults); optim=onebit_lamb
     is this project's, whatever the user tunes."""
+    from pretrain.optim.lamb import LambVariant
     from pretrain.optim.onebit import Compression, ExchangeOptions
-    from pretrain.optim.onebit_lamb import TrustRatio, Warmup
+    from pretrain.optim.onebit_lamb import ONEBIT_LAMB_ALGORITHM, TrustRatio
 
     def build(name, config):
         return build_optimizer(name, config, [{"params": [torch.nn.Parameter(torch.zeros(3, 2))]}])
@@ -202,10 +208,11 @@ def test_the_two_presets_build_the_two_algorithms():
     deepspeed = build("onebit_lamb_deepspeed", OnebitLambDeepspeedConfig())
     defaults = OnebitLamb([torch.nn.Parameter(torch.zeros(3, 2))])
     assert deepspeed.exchange == defaults.exchange == ExchangeOptions()
-    assert (deepspeed.warmup, deepspeed.trust_ratio) == (defaults.warmup, defaults.trust_ratio)
-    assert deepspeed.variance_refresh == 0 and not deepspeed.live_vector_variance
+    assert deepspeed.algorithm == defaults.algorithm == DEEPSPEED_ALGORITHM
+    assert deepspeed.variance_refresh == 0 and not deepspeed.algorithm.live_vector_variance
     ours = build("onebit_lamb", OnebitLambConfig(variance_refresh=16, max_coeff=0.3))
     assert ours.exchange.compression is Compression.per_column and ours.exchange.precondition
     assert ours.exchange.exact_vectors and ours.exchange.scale_dtype.value == "bfloat16"
-    assert (ours.warmup, ours.trust_ratio) == (Warmup.nvlamb, TrustRatio.live)
-    assert ours.live_vector_variance and ours.variance_refresh == 16 and ours.max_coeff == 0.3
+    assert ours.algorithm == ONEBIT_LAMB_ALGORITHM
+    assert (ours.algorithm.warmup, ours.algorithm.trust_ratio) == (LambVariant.nvlamb, TrustRatio.live)
+    assert ours.algorithm.live_vector_variance and ours.variance_refresh == 16 and ours.max_coeff == 0.3
