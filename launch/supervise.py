@@ -95,6 +95,21 @@ def decide(returncode: int, output: str) -> Decision:
     return Decision(False, f"exit {returncode}: not a code to relaunch on", "stop")
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (torchrun's workers run in sessions of their own)."""
+    try:
+        import psutil
+    except ImportError:  # without psutil: the process group the job was started in
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        for process in [*root.children(recursive=True), root]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+
 def free_bytes(folder: Path) -> int:
     """Free space of the file system `folder` is on (its nearest existing parent)."""
     while not folder.exists() and folder != folder.parent:
@@ -184,8 +199,7 @@ class Supervisor:
                 time.sleep(self.poll_s)
         finally:
             if self.process.poll() is None:  # the supervisor itself failed: take the job down with it
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
+                kill_tree(self.process.pid)
             self.process.wait()
             pump.join(timeout=10)
         returncode = self.process.returncode

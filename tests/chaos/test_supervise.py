@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import sys
@@ -75,3 +76,39 @@ def test_the_command_line(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["launch 0", "launch 1"]
     assert "supervise: exit 75" in done.stderr and "supervise: the job finished" in done.stderr
+
+
+def test_a_failing_supervisor_takes_the_whole_job_down(tmp_path: Path):
+    """torchrun's workers run in sessions of their own: killing the launcher's process group left them
+    running (seen in the chaos soak); the supervisor kills the job's whole process tree."""
+    import os
+    import time
+
+    pid_file = tmp_path / "worker.pid"
+    code = (
+        "import subprocess, sys, time; "
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+        "start_new_session=True); "
+        f"open({str(pid_file)!r}, 'w').write(str(w.pid)); time.sleep(120)"
+    )
+
+    def poll(attempt, process):
+        if pid_file.exists() and pid_file.read_text():
+            raise RuntimeError("the harness failed")
+
+    supervisor = Supervisor([sys.executable, "-c", code], output=io.StringIO(), on_poll=poll, poll_s=0.01)
+    with contextlib.suppress(RuntimeError):
+        supervisor.run()
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{worker}/stat") as stat:  # a zombie of the reaped tree counts as gone
+            if stat.read().split()[2] == "Z":
+                break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"worker {worker} outlived its supervisor")
