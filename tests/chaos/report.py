@@ -33,6 +33,33 @@ def table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def by_kind_table(summaries: list[dict]) -> str:
+    """Per kind over all soaks: faults, where they struck, the documented line, the time they cost."""
+    rows: dict[str, list[dict]] = {}
+    for s in summaries:
+        for fault in s["faults"]:
+            if fault["fired"]:
+                kind = fault["kind"]
+                if kind == "link":  # ridden out, or past dist.timeout_s
+                    kind += " (short)" if fault["hold_s"] < s.get("timeout_s", 20.0) else " (long)"
+                rows.setdefault(kind, []).append(fault)
+    lines = [
+        "| kind | faults | points | with its documented line | lost: median / worst |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, faults in sorted(rows.items()):
+        points: dict[str, int] = {}
+        for fault in faults:
+            points[fault["point"]] = points.get(fault["point"], 0) + 1
+        lost = [f["seconds_lost"] for f in faults if f["seconds_lost"] is not None]
+        cost = f"{statistics.median(lost):.1f} s / {max(lost):.1f} s" if lost else "-"
+        lines.append(
+            f"| {kind} | {len(faults)} | {', '.join(f'{p} {n}' for p, n in sorted(points.items()))} | "
+            f"{sum(1 for f in faults if f['message'] and not f['problems'])} | {cost} |"
+        )
+    return "\n".join(lines)
+
+
 def section(summaries: list[dict]) -> str:
     struck = sum(s["faults_struck"] for s in summaries)
     bitwise = sum(1 for s in summaries if s["bitwise"])
@@ -63,7 +90,7 @@ def section(summaries: list[dict]) -> str:
     ]
     if skipped:
         parts.append("- kinds skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    parts += ["", table(summaries), ""]
+    parts += ["", table(summaries), "", by_kind_table(summaries), ""]
     if BUGS.exists():
         parts += ["### Bugs the soak found", "", BUGS.read_text().strip(), ""]
     parts.append(END)

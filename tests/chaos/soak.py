@@ -41,7 +41,7 @@ import psutil
 
 from data.config import REPO_ROOT
 from data.dataset import SHARD_CHECK_INTERVAL_S
-from launch.supervise import Launch, Supervisor
+from launch.supervise import Launch, Supervisor, kill_tree
 from pretrain.checkpoint import CHECKSUMS, STEP_DIR, latest_checkpoint, list_checkpoints
 from tests.chaos import netjob
 from tests.chaos.schedule import KINDS, SHORT, ChaosFault, Recipe, make_schedule
@@ -272,6 +272,7 @@ class Soak:
 
     # -- setup -------------------------------------------------------------------------------------------
     def _reset_launch_state(self) -> None:
+        self.timed_out = False
         self.launch_text = ""  # this launch's output (the log holds every launch's, from `log_offset` on)
         self.started = time.monotonic()
         self.stalled: tuple[int, Armed, float | None] | None = None  # pid, fault, when it was named
@@ -362,7 +363,16 @@ class Soak:
             step = total - 1  # the flip is found by the next step's read
         if step <= base:
             return None
+        if step == total and point in ("checkpoint_write", "after_checkpoint") and fault.kind != "term":
+            # struck after the last step's checkpoint is (or may be) complete, the run would be done with
+            # faults still to come: strike before that save instead
+            point = "mid_step"
         return step, point
+
+    def _finishes_run(self, fault: ChaosFault, step: int) -> bool:
+        """Whether `fault` at `step` leaves the last step trained and checkpointed (the run done)."""
+        short_link = fault.kind == "link" and fault.hold_s < self.timeout_s
+        return step == self.recipe.total_steps and (fault.kind == "term" or short_link)
 
     def _prepare(self, attempt: int) -> tuple[list[str], dict[str, str]]:
         self._reset_launch_state()
@@ -379,6 +389,16 @@ class Soak:
             index = next((i for i, f in enumerate(self.queue) if f.kind != "restart"), None) if later else 0
             if index is None:
                 break
+            # a fault that would let the run finish waits while others can strike first (SIGTERM or a
+            # short link outage at the last step): the run ends only once the schedule is done
+            for i in range(index, len(self.queue)):
+                candidate = self.queue[i]
+                resolved_here = self._resolve(candidate, base) if candidate.kind != "restart" else None
+                if candidate.kind == "restart" and later:
+                    continue
+                if resolved_here is None or not self._finishes_run(candidate, resolved_here[0]):
+                    index = i
+                    break
             fault = self.queue.pop(index)
             if fault.kind == "restart":
                 armed = Armed(fault, None, "startup", attempt, timeout_s=self.timeout_s)
@@ -486,10 +506,10 @@ class Soak:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     worker.send_signal(signal.SIGKILL)
                     self._fire(first)
-        if now - self.started > self.launch_timeout_s:
+        if now - self.started > self.launch_timeout_s and process.poll() is None and not self.timed_out:
+            self.timed_out = True
             self.problems.append(f"launch {attempt} ran past {self.launch_timeout_s:.0f} s; killed")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            kill_tree(process.pid)
 
     def _worker(self, pid: int, rank: int) -> psutil.Process | None:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -690,6 +710,7 @@ class Soak:
                 # the soak's wall time beyond the uninterrupted run's, per fault
                 "overall_per_fault": round((soak_s - self.reference_seconds) / max(len(fired), 1), 1),
             },
+            "timeout_s": self.timeout_s,
             "soak_seconds": round(soak_s, 1),
             "reference_seconds": round(self.reference_seconds, 1),
             "total_seconds": round(total_s, 1),
