@@ -278,11 +278,12 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _seeds_status(arm: Sequence[RungRun], peer: Sequence[RungRun], lamb_sweep: Sweep) -> str:
-    arm_seeds, peer_seeds = len({r.seed for r in arm}), len({r.seed for r in peer})
+def _seeds_status(arm: Sequence[RungRun], peer: Sequence[RungRun] | None, lamb_sweep: Sweep) -> str:
+    """`peer`: LAMB's runs at its best LR (None when the record is LAMB's own)."""
+    arm_seeds, peer_seeds = len({r.seed for r in arm}), len({r.seed for r in peer or arm})
     if arm_seeds >= SEEDS and peer_seeds >= SEEDS and lamb_sweep.complete:
         return "complete"
-    parts = [f"{arm_seeds} of {SEEDS} seeds", f"LAMB {peer_seeds} of {SEEDS} seeds"]
+    parts = [f"{arm_seeds} of {SEEDS} seeds"] + ([f"LAMB {peer_seeds} of {SEEDS} seeds"] if peer else [])
     if not lamb_sweep.complete:
         parts.append(f"LAMB LR sweep {lamb_sweep.status}")
     return "partial: " + ", ".join(parts)
@@ -421,7 +422,7 @@ def rung_records(rung: Rung, runs_dir: Path | None = None) -> list[Record]:
                     lamb,
                     "lamb",
                     best,
-                    status=_seeds_status(lamb, lamb, lamb_sweep),
+                    status=_seeds_status(lamb, None, lamb_sweep),
                     per_seed={r.seed: r.final_mlm_accuracy for r in lamb},
                 ),
             )

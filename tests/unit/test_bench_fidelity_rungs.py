@@ -175,6 +175,8 @@ def test_partial_lamb_sweep_is_named_in_the_status(tmp_path: Path):
     status = records["final_mlm_loss_ratio_onebit_lamb_bert_tiny_b1024_n2"].config["status"]
     assert status == "partial: 1 of 3 seeds, LAMB 1 of 3 seeds, LAMB LR sweep partial: 1 of 3 LRs; next 1e-2"
     assert records["lamb_best_lr_bert_tiny_b1024"].config["status"].startswith("partial: 1 of 3 LRs")
+    accuracy = records["lamb_final_mlm_accuracy_bert_tiny_b1024"].config["status"]
+    assert accuracy == "partial: 1 of 3 seeds, LAMB LR sweep partial: 1 of 3 LRs; next 1e-2"
 
 
 def test_no_lamb_run_no_ratio(tmp_path: Path):
