@@ -334,7 +334,7 @@ def wandb_mode(requested: WandbMode, project: str) -> str:
     return f"{mode}, project {project}"
 
 
-@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="pretrain", version_base="1.3")
 def main(dict_cfg: DictConfig) -> None:
     try:
         cfg = to_object(dict_cfg)
@@ -346,7 +346,7 @@ def main(dict_cfg: DictConfig) -> None:
         sys.exit(2)
 
 
-@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="pretrain", version_base="1.3")
 def header(dict_cfg: DictConfig) -> None:
     """What `python -m pretrain` prints before it builds anything: the header (from RANK 0) and the first
     error as `pretrain: error: <one line>`, exit 2; for a launcher to run once before torchrun starts the
