@@ -1,7 +1,8 @@
 """The fidelity records of the study's rungs beyond BERT-tiny at batch 128 (issue #50), from their runs.
 
-A rung is one model at one global batch on the seq-32 recipe (`results/cpu-study-rungs/reproduce.sh` runs it;
-its report and the runs' small files are in `results/cpu-study-<key>/`):
+A rung is one model at one global batch on the seq-32 recipe (`results/cpu-study-rungs/reproduce.sh` runs
+it; its report is in `results/cpu-study-<key>/`, its runs' small files with the study's in
+`results/cpu-study/runs/`):
 
 - `m`: BERT-mini (4 x 256) at batch 128, 3,200 steps (`conf/batch/cpu_study_s32.yaml`);
 - `b`: BERT-tiny at batch 1,024, 400 steps, the same 409,600 samples (`conf/batch/cpu_study_s32_b1024.yaml`).
@@ -51,6 +52,7 @@ from results.compare.analysis import diverged, final_value
 from results.compare.runs import load_run_folder, read_finetune_result
 
 REPO = Path(__file__).resolve().parents[1]
+KEPT_RUNS = REPO / "results" / "cpu-study" / "runs"  # the study's runs' small files, the rungs' among them
 FINAL_WINDOW = 10  # logged records, as the seq-32 study (results/cpu-study/reproduce.sh: final_window=10)
 SEEDS = 3
 TARGET = "<= 1.01 (3-seed means, 2 real and >= 32 simulated workers)"
@@ -74,6 +76,7 @@ class Rung:
 
     @property
     def folder(self) -> Path:
+        """The rung's report."""
         return REPO / "results" / f"cpu-study-{self.key}"
 
     @property
@@ -398,8 +401,8 @@ def floor_scores(runs_dir: Path, model: str) -> list[float]:
 
 
 def rung_records(rung: Rung, runs_dir: Path | None = None) -> list[Record]:
-    """The rung's records from the finished runs under `runs_dir` (default: the rung's kept small files)."""
-    runs_dir = runs_dir or rung.folder / "runs"
+    """The rung's records from the finished runs in `runs_dir` (default: the small files the study keeps)."""
+    runs_dir = runs_dir or KEPT_RUNS
     if not runs_dir.is_dir():
         return []
     runs = load_rung_runs(runs_dir, rung)

@@ -4,8 +4,8 @@
 #   m   BERT-mini (4 x 256, dropout off as BERT-tiny's) at batch 128, 3,200 steps (conf/batch/cpu_study_s32.yaml)
 #   b   BERT-tiny at batch 1,024, 400 steps, the same 409,600 samples (conf/batch/cpu_study_s32_b1024.yaml)
 # Each rung's settings (model, recipe, the LRs swept, worker counts, logging) are bench/fidelity_rungs.py's
-# RUNGS; its report is results/cpu-study-<rung>/README.md, the runs' small files results/cpu-study-<rung>/runs/,
-# the records results/bench/fidelity.json (`python -m bench fidelity`).
+# RUNGS; its report is results/cpu-study-<rung>/README.md, the runs' small files go with the study's to
+# results/cpu-study/runs/, the records to results/bench/fidelity.json (`python -m bench fidelity`).
 #
 # Runs go to results/runs/cpu-rung-<rung>-<arm>-lr<lr>-<workers>-s<seed> (arm lamb, adamw, onebit_lamb,
 # onebit_lamb_deepspeed; workers n2 = 2 processes, simK = 2 processes x K/2 simulated workers); every run logs
@@ -29,7 +29,7 @@
 #   finetune    SST-2 (full training set, length 32, 1 epoch, LR FT_LR: default 1e-3, the seq-32 study's) of
 #               every finished run at its arm's best LR that did not diverge, seed = the run's; the floor at
 #               seeds 1-3
-#   report      keep the runs' small files in results/cpu-study-<rung>/runs/, `make compare` of the best-LR
+#   report      keep the runs' small files in results/cpu-study/runs/, `make compare` of the best-LR
 #               runs (results/cpu-study-<rung>/report.md), the records (python -m bench fidelity)
 # DRY=1 lists the pretraining runs still to do (sweeps: the planned LRs) and runs nothing; MAX_RUNS=<n> stops
 # after n pretraining runs. Every run is started under `nice -n ${NICE:-19}` (a shared 2-core machine).
@@ -214,7 +214,7 @@ for RUNG in $RUNGS; do
     # earlier machine (committed, no longer under results/runs/) stay as they are
     for run_dir in results/runs/cpu-rung-"$RUNG"-* "$FLOOR"; do
       [[ -f $run_dir/summary.json || -d $run_dir/finetune ]] || continue  # unfinished: not reported
-      keep=$FOLDER/runs/$(basename "$run_dir")
+      keep=results/cpu-study/runs/$(basename "$run_dir")
       mkdir -p "$keep"
       for file in metrics.jsonl summary.json config.yaml; do
         [[ -f $run_dir/$file ]] || continue
@@ -230,8 +230,7 @@ for RUNG in $RUNGS; do
     if [[ -f $TIMES ]]; then grep "^cpu-rung-$RUNG-" "$TIMES" > "$FOLDER/run-times.tsv" || true; fi
     # the comparison of each arm at its LR (LAMB's best for the 1-bit arms; the sweeps' other LRs left out:
     # the comparison groups runs by optimizer options, and the LR is a batch option)
-    mkdir -p "$FOLDER/runs"
-    runs=$(find "$FOLDER/runs" -maxdepth 1 \( -name "cpu-rung-$RUNG-lamb-lr$LAMB_LR-*" \
+    runs=$(find results/cpu-study/runs -maxdepth 1 \( -name "cpu-rung-$RUNG-lamb-lr$LAMB_LR-*" \
       -o -name "cpu-rung-$RUNG-adamw-lr$ADAMW_LR-*" -o -name "cpu-rung-$RUNG-onebit_lamb-lr$LAMB_LR-*" \
       -o -name "cpu-rung-$RUNG-onebit_lamb_deepspeed-lr$LAMB_LR-*" \) | sort | paste -sd,)
     if [[ -n $runs ]]; then
