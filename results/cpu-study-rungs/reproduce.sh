@@ -184,6 +184,7 @@ for RUNG in $RUNGS; do
   if stage onebit_lr; then
     for lr in $($PY -m bench.fidelity_rungs lr-neighbours "$LAMB_LR"); do pretrain onebit_lamb "$lr" n2 1; done
   fi
+  if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( DRY )); then echo "pending floor $FLOOR"; fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( ! DRY )); then
     # shellcheck disable=SC2086
     nice -n "$NICE" $PY -m pretrain batch="$BATCH" optim=lamb model="$MODEL" $MODEL_ARGS data_dir="data/prepared/$DATA" \
