@@ -54,8 +54,8 @@ help:
 	@echo "make bench     benchmarks -> results/bench/*.json"
 	@echo "make bench-net emulated-Ethernet benchmark (root) + scaling model -> results/bench/net*.json, results/scaling/"
 	@echo "make reliability  kill -9/resume, bad-input and security suite -> results/reliability.md"
-	@echo "make gpu-check one CUDA GPU: packers, 1-bit allreduce, optimizer steps, BERT-Large MFU, pipeline -> results/bench/gpu.json"
 	@echo "make chaos     SEED=<n> FAULTS=<n> CHAOS_OPT=<onebit_lamb|lamb>: random faults through one run (minutes)"
+	@echo "make gpu-check one CUDA GPU, ~8 min: packers, allreduce, test-gpu + pipeline, optimizer steps, MFU, step arms -> results/bench/gpu.json (ARGS=--cpu-smoke: on the CPU)"
 	@echo "make test-gpu  tests marked gpu; NPROC=N (>= 2 GPUs): the compressed allreduce and demo pretraining over NCCL"
 	@echo "make lint      ruff + mypy"
 	@echo "make docs      the documentation site (mkdocs build --strict) -> site/"
@@ -107,7 +107,8 @@ test: setup
 test-all: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# GPU machines (see README "On a GPU"): what only a GPU can check. Without CUDA gpu-check says so and exits 0,
+# GPU machines (docs/gpus.md): what only a GPU can check (bench/gpu/; on a lent machine bench/gpu/device.sh).
+# Without CUDA gpu-check says so and exits 0 (ARGS=--cpu-smoke runs it at toy sizes on the CPU),
 # and test-gpu's tests skip with the reason.
 gpu-check: setup
 	$(PY) -m bench gpu $(ARGS)

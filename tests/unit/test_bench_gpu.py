@@ -1,5 +1,6 @@
-"""`python -m bench gpu` (`make gpu-check`): its arithmetic, its exit on a machine without CUDA, and every
-check's code path at toy sizes on the CPU (`--cpu-smoke`); on a GPU machine `make gpu-check` runs it."""
+"""`python -m bench gpu` (`make gpu-check`, the package bench/gpu/): its arithmetic, its exit on a machine
+without CUDA, and every check's code path at toy sizes on the CPU (`--cpu-smoke`); on a GPU machine
+`make gpu-check` runs it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 import torch
 
 from bench import gpu
+from bench.gpu import arms as gpu_arms
+from bench.gpu import gpu_tests
+from bench.gpu import profile as gpu_profile
 
 
 def test_training_flops_of_bert_large_at_seq_128():
@@ -102,18 +106,14 @@ def test_a_wrong_packer_fails_the_check(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_optim_throughput_and_pipeline_checks_run_on_the_cpu(tmp_path, tiny_data, monkeypatch):
-    monkeypatch.setenv("GPU_CHECK_DATA", str(tiny_data))
-    gpu.main(["--cpu-smoke", "--steps=optim,throughput,pipeline,profile", f"--out={tmp_path}"])
+def test_optim_throughput_and_profile_checks_run_on_the_cpu(tmp_path):
+    gpu.main(["--cpu-smoke", "--steps=optim,throughput,profile", f"--out={tmp_path}"])
     records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
     for name in ("lamb_eager_step", "lamb_compiled_step", "onebit_lamb_compiled_compression_step"):
         assert records[name]["peer"] == "torch.optim.AdamW(fused=True)" and records[name]["ratio"] > 0
     assert records["toy_seq32_compiled_samples_per_s"]["value"] > 0
-    assert records["pipeline_resume_to_step_30"]["config"]["exit_code"] == 0
-    assert records["pipeline_pretrain_to_step_20"]["config"]["comm_kernels"] == "numba"  # CPU: the default
-    assert records["pipeline_finetune_mrpc"]["config"]["exit_code"] == 0
     # every profile arm ran, the compiled ones with their kernel classes; the baselines are throughput's
-    for mode, arms in gpu.PROFILE_ARMS.items():
+    for mode, arms in gpu_profile.PROFILE_ARMS.items():
         for arm in arms:
             record = records[f"profile_seq32_{mode}_{arm}_samples_per_s"]
             assert record["value"] > 0 and record["peer_value"] > 0
@@ -121,6 +121,83 @@ def test_optim_throughput_and_pipeline_checks_run_on_the_cpu(tmp_path, tiny_data
     assert records["profile_seq32_compiled_baseline_samples_per_s"]["config"]["from"] == "throughput"
     assert records["profile_seq32_compiled_layers4_samples_per_s"]["config"]["host_syncs"] == 0
     assert "seq 32 compiled layers4" in (tmp_path / "gpu_smoke_kernels.txt").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # a compile per arm and per bin
+def test_the_step_arms_run_on_the_cpu(tmp_path):
+    """The arms as the trainer runs them, at toy sizes: the combination (padded vocabulary, static gradient
+    buffers; no CUDA graphs on the CPU), length bins beside the same step unbinned on the same length mix,
+    and float8 reported as not run (no CUDA here). `make gpu-check ARGS=--cpu-smoke` runs the default arms
+    after throughput; every arm's code is the same at any size."""
+    arms = "seq128_micro256_pad64_graphs,seq512_micro64_pad64_bins4,seq128_micro256_pad64_float8"
+    gpu.main(["--cpu-smoke", "--steps=arms", f"--arms={arms}", f"--out={tmp_path}"])
+    records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
+    graphs = records["toy_arm_seq128_micro256_pad64_graphs_samples_per_s"]
+    assert graphs["value"] > 0 and graphs["config"]["static_gradients"]
+    assert not graphs["config"]["cuda_graphs"]  # the CPU: the static-buffer path without replays
+    assert graphs["config"]["pad_vocab_multiple"] == 64 and graphs["config"]["micro_batch"] == 8
+    assert "kernel_seconds_per_step" in graphs["config"]
+    binned = records["toy_arm_seq512_micro64_pad64_bins4_samples_per_s"]
+    assert binned["value"] > 0 and binned["peer_value"] > 0  # the unbinned step on the same samples
+    assert binned["config"]["length_bins"] == [16, 32, 48, 64] and binned["config"]["padding_share"] > 0.3
+    assert min(binned["config"]["binned_widths"]) < 64 == max(binned["config"]["binned_widths"])
+    assert "float8" in records["arms_not_run"]["config"]["arms"][0]
+    assert "arm seq128_micro256_pad64_graphs" in (tmp_path / "gpu_smoke_kernels.txt").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # pretrain, resume and fine-tune in subprocesses
+def test_the_tests_step_runs_make_test_gpu_and_the_pipeline_on_the_cpu(tmp_path, tiny_data, monkeypatch):
+    """`make test-gpu` inside the device script: under --cpu-smoke the pipeline test (pretrain through the
+    1-bit stage, resume, fine-tune) runs on the CPU and its stage seconds become records."""
+    monkeypatch.setenv("GPU_CHECK_DATA", str(tiny_data))
+    gpu.main(["--cpu-smoke", "--steps=tests", f"--out={tmp_path}"])
+    records = {r["name"]: r for r in json.loads((tmp_path / "gpu_smoke.json").read_text())}
+    assert records["test_gpu_failed"]["value"] == 0 and records["test_gpu_passed"]["value"] >= 1
+    tests = records["test_gpu_passed"]["config"]["tests"]
+    (pipeline,) = [t for name, t in tests.items() if "test_pipeline" in name]
+    assert pipeline["outcome"] == "passed"
+    assert pipeline["properties"]["pretrain_to_step_20_comm_kernels"] == "numba"  # the CPU's default
+    for stage in ("pretrain_to_step_20", "resume_to_step_30", "finetune_mrpc"):
+        assert records[f"pipeline_{stage}"]["value"] > 0
+    # the CUDA-only tests skipped with their reason
+    assert any(t["outcome"] == "skipped" and "CUDA" in t.get("reason", "") for t in tests.values())
+
+
+def test_junit_results_are_read_with_counts_and_properties(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(
+        '<testsuites><testsuite><testcase classname="tests.gpu.test_pipeline" name="test_a" time="3.21">'
+        '<properties><property name="pretrain_s" value="2.5"/></properties></testcase>'
+        '<testcase classname="t" name="test_b" time="0.1"><skipped message="needs 2 GPUs"/></testcase>'
+        '<testcase classname="t" name="test_c" time="0.2"><failure message="boom&#10;more"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    result = gpu_tests.read_junit(path)
+    assert result["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
+    assert result["tests"]["tests.gpu.test_pipeline::test_a"]["properties"] == {"pretrain_s": "2.5"}
+    assert result["tests"]["t::test_b"]["reason"] == "needs 2 GPUs"
+    assert result["tests"]["t::test_c"]["reason"] == "boom"
+
+
+def test_the_tests_step_collects_every_file_with_gpu_tests(repo_root):
+    files = gpu_tests.gpu_test_files(repo_root / "tests")
+    assert {"tests/gpu/test_pipeline.py", "tests/gpu/test_nccl.py", "tests/unit/test_comm_kernels.py"} <= set(
+        files
+    )
+    assert "tests/unit/test_bench_gpu.py" not in files
+
+
+def test_arms_are_selected_by_name():
+    assert [a.name for a in gpu_arms.selected_arms("default")] == [
+        "seq128_micro256_pad64_graphs",
+        "seq512_micro64_pad64_bins2",
+    ]
+    assert len(gpu_arms.selected_arms("all")) > len(gpu_arms.DEFAULT_ARMS)
+    assert [a.micro for a in gpu_arms.selected_arms("seq128_micro128,seq512_micro32")] == [128, 32]
+    with pytest.raises(SystemExit, match="unknown --arms"):
+        gpu_arms.selected_arms("seq128_micro1000")
 
 
 def test_ddp_buffer_keyword_matches_the_installed_torch(monkeypatch):
@@ -153,7 +230,7 @@ def test_a_profile_arm_that_fails_leaves_the_other_arms(tmp_path, monkeypatch):
 
     monkeypatch.setattr(model_module, "column_major_linear_weights_", broken)
     arms = {"eager": ("baseline", "column_major", "no_mask"), "compiled": ()}
-    monkeypatch.setattr(gpu, "PROFILE_ARMS", arms)
+    monkeypatch.setattr(gpu_profile, "PROFILE_ARMS", arms)
     with pytest.raises(SystemExit) as exit_info:
         gpu.main(["--cpu-smoke", "--steps=profile", f"--out={tmp_path}"])
     assert exit_info.value.code == 1
