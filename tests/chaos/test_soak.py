@@ -16,6 +16,8 @@ from tests.chaos.soak import Soak
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
 
+# an uninterrupted run and ~6 launches with a 20 s stall: 10 min on 2 busy cores
+@pytest.mark.timeout(1800)
 def test_a_short_chaos_schedule_ends_bitwise_equal(tiny_data: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("NETNS_PREFIX", "chaost")
     # seed 8: kill -9 in the gradient allreduce at freeze_step, a flipped shard byte, a stall, a full disk,
