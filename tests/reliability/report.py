@@ -47,12 +47,24 @@ def main(argv: list[str] | None = None) -> int:
         facts = [json.loads(line) for line in records.read_text().splitlines()] if records.exists() else []
         outcomes = _outcomes(junit) if junit.exists() else []
         text = render(facts, outcomes, seconds, full=not args.ci, basetemp=str(basetemp))
+    text = _keep_chaos_section(text, args.output)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     temporary = args.output.with_name(f".{args.output.name}.tmp")
     temporary.write_text(text)
     os.replace(temporary, args.output)
     print(f"reliability: {args.output} ({'passed' if returncode == 0 else f'pytest exit {returncode}'})")
     return returncode
+
+
+def _keep_chaos_section(text: str, previous: Path) -> str:
+    """The chaos soak's table (tests/chaos/report.py, between its markers) survives a rewrite."""
+    from tests.chaos.report import END, START
+
+    old = previous.read_text() if previous.exists() else ""
+    if START not in old or END not in old:
+        return text
+    block = START + old.partition(START)[2].partition(END)[0] + END
+    return text.rstrip("\n") + "\n\n" + block + "\n"
 
 
 def _outcomes(junit: Path) -> list[dict]:
