@@ -1,6 +1,6 @@
 """The compressed allreduce's numba loops (:class:`~pretrain.comm.numba_kernels.NumbaKernels` calls them; the
 norms' :func:`segment_abs_sums` too, and the optimizer's loops in :mod:`pretrain.optim.numba_loops` build on
-:func:`compress_row`, :func:`close_segment` and :func:`sum_block`). Every loop runs over a run table
+:func:`compress_row`, :func:`to_bfloat16` and :func:`sum_block`). Every loop runs over a run table
 (:func:`~pretrain.comm.layout.run_table`: start, rows, row length, first segment) in IEEE float32 arithmetic
 in the reference's order; why each is shaped as it is: the comments, and :mod:`pretrain.comm.numba_kernels`.
 Imports numba: import it only where :func:`~pretrain.comm.numba_support.numba_unavailable_reason` is None.
@@ -282,22 +282,11 @@ def server_pass(
                 words,
             )
             norm = segment_abs_sum(error, low, end)
-            acc = close_segment(
-                norm,
-                segment_divisors,
-                segment,
-                out_scales,
-                bfloat16,
-                cell,
-                cell_bits,
-                signs_of,
-                packed,
-                low - packed_base,
-                end - packed_base,
-                flags,
-                words,
-                acc,
-            )
+            s = np.float32(norm) / segment_divisors[segment]
+            if bfloat16:
+                s = to_bfloat16(s, cell, cell_bits)
+            out_scales[segment] = s
+            acc = compress_row(signs_of, packed, low - packed_base, end - packed_base, s, flags, words, acc)
     return acc
 
 
@@ -395,42 +384,17 @@ def segment_abs_sum(values, low, end):
 
 
 @jit
-def close_segment(
-    norm,
-    segment_divisors,
-    segment,
-    scales,
-    bfloat16,
-    cell,
-    cell_bits,
-    values,
-    packed,
-    low,
-    end,
-    flags,
-    words,
-    acc,
-):
-    # A fused pass's end of one segment [low, end) of `values` whose 1-norm (float64) is `norm`: its scale
-    # s = fp32(norm) ÷ the segment's divisor (rounded to bfloat16 where asked) into scales[segment], then
-    # the signs and the feedback (`compress_row`); returns the carried byte
-    s = np.float32(norm) / segment_divisors[segment]
-    if bfloat16:
-        s = to_bfloat16(s, cell, cell_bits)
-    scales[segment] = s
-    return compress_row(values, packed, low, end, s, flags, words, acc)
-
-
-@jit
 def worker_pass(
     error, values, runs, segment_divisors, bfloat16, scales, packed, packed_base, acc, flags, cell, cell_bits
 ):
     # The worker's whole step segment by segment (`WorkerPass`): y = e + x into `error` a SUM_BLOCK block
     # at a time, each block's 1-norm summed from L1 right after (the norms' blocks and order), then the
-    # scale and the signs and the feedback while the segment is still in cache (`close_segment`). x from
+    # scale and the signs and the feedback while the segment is still in cache (`compress_row`). x from
     # `values` (a source's tensors: `pretrain.optim.numba_loops.worker_pass`). `runs`: absolute starts and
     # segment indices, whole segments; `packed[0]` holds the signs of elements packed_base … packed_base + 7.
-    # Returns the carried byte.
+    # Returns the carried byte. The segment's scale is set here, not in a helper: a call per segment
+    # with nine array arguments (each passed and reference-counted) made the default layout's exchange
+    # ~25% slower at BERT-mini's ~130-element segments (this pass, `server_pass` and the optimizer's).
     words = flags.view(np.uint64)
     signs_of = error[packed_base:]
     for r in range(runs.shape[0]):
@@ -444,20 +408,9 @@ def worker_pass(
                 add(error[i:high], values[i:high])
                 total += abs_sum(error[i:high])
                 i = high
-            acc = close_segment(
-                total,
-                segment_divisors,
-                first + row,
-                scales,
-                bfloat16,
-                cell,
-                cell_bits,
-                signs_of,
-                packed,
-                low - packed_base,
-                end - packed_base,
-                flags,
-                words,
-                acc,
-            )
+            s = np.float32(total) / segment_divisors[first + row]
+            if bfloat16:
+                s = to_bfloat16(s, cell, cell_bits)
+            scales[first + row] = s
+            acc = compress_row(signs_of, packed, low - packed_base, end - packed_base, s, flags, words, acc)
     return acc

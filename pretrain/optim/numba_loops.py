@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from pretrain.comm.numba_helpers import abs_sum, fma, jit
-from pretrain.comm.numba_loops import close_segment, sum_block
+from pretrain.comm.numba_loops import compress_row, sum_block, to_bfloat16
 from pretrain.comm.numba_support import SUM_BLOCK
 
 # Rows of a matrix whose column squares `square_marginal_rows` sums in fp32 before adding them to its
@@ -147,20 +147,9 @@ def worker_pass(
                     done = square_marginal_rows(grad, b, done, inner, scale, outer_sums, columns, partials)
                 total += abs_sum(error[i:high])
                 i = high
-            acc = close_segment(
-                total,
-                segment_divisors,
-                first + row,
-                scales,
-                bfloat16,
-                cell,
-                cell_bits,
-                signs_of,
-                packed,
-                low - packed_base,
-                end - packed_base,
-                flags,
-                words,
-                acc,
-            )
+            s = np.float32(total) / segment_divisors[first + row]
+            if bfloat16:
+                s = to_bfloat16(s, cell, cell_bits)
+            scales[first + row] = s
+            acc = compress_row(signs_of, packed, low - packed_base, end - packed_base, s, flags, words, acc)
     return acc, done
