@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {KINDS}")
     parser.add_argument(
         "--recipe",
-        default="short",
+        default="demo",
         choices=sorted(RECIPES),
-        help="short: 16 + 4 steps (default); demo: 40 + 10",
+        help="demo: 40 + 10 steps (default); short: 16 + 4",
     )
     parser.add_argument("--timeout-s", type=float, default=20.0, help="dist.timeout_s of the run")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a new temp one)")

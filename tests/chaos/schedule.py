@@ -77,7 +77,8 @@ class Recipe:
         return "exchange" if optim.startswith("onebit") and step > self.freeze_step else "grad_allreduce"
 
 
-# the demo recipe as it is (40 + 10 steps, freeze_step 12); `make chaos` runs the short one (`Recipe()`)
+# the demo recipe as it is (40 + 10 steps, freeze_step 12): `make chaos`'s, where 50 faults fit (on the
+# short one, the run gets to its end after about 40: SIGTERMs, flips and short outages move it on)
 SHORT = Recipe()
 DEMO = Recipe(phase1_steps=40, phase2_steps=10, freeze_step=12, overrides=())
 RECIPES = {"short": SHORT, "demo": DEMO}

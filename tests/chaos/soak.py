@@ -1,6 +1,7 @@
-"""The chaos soak: one 2-rank pretraining run (the demo recipe shortened to 16 + 4 steps, freeze_step 6, a
-checkpoint after every step) driven through a seeded schedule of faults (tests/chaos/schedule.py) by the
-supervisor (launch/supervise.py), which relaunches it as a scheduler's requeue would; then the verdict:
+"""The chaos soak: one 2-rank pretraining run (the demo recipe, 40 + 10 steps, freeze_step 12, or shortened
+to 16 + 4 steps, freeze_step 6; a checkpoint after every step) driven through a seeded schedule of faults
+(tests/chaos/schedule.py) by the supervisor (launch/supervise.py), which relaunches it as a scheduler's
+requeue would; then the verdict:
 
 - the run finished (the supervisor's exit 0) and every scheduled fault struck;
 - the final checkpoint (parameters, every rank's optimizer state with the 1-bit error buffers, RNG, data
@@ -711,6 +712,11 @@ class Soak:
                 "overall_per_fault": round((soak_s - self.reference_seconds) / max(len(fired), 1), 1),
             },
             "timeout_s": self.timeout_s,
+            "recipe": {
+                "phase1_steps": self.recipe.phase1_steps,
+                "phase2_steps": self.recipe.phase2_steps,
+                "freeze_step": self.recipe.freeze_step,
+            },
             "soak_seconds": round(soak_s, 1),
             "reference_seconds": round(self.reference_seconds, 1),
             "total_seconds": round(total_s, 1),
