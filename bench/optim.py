@@ -120,8 +120,8 @@ def _torch_optimizer_note() -> str | None:
     return None
 
 
-# optim=onebit_lamb's algorithm (pretrain/optim/onebit_lamb.py), with its variance refresh (the 63 of 64 steps that
-# add the marginals)
+# optim=onebit_lamb's algorithm (pretrain/optim/onebit_lamb.py), with its variance refresh (the 63 of 64
+# steps that add the marginals)
 DEFAULT_ONEBIT = {"algorithm": ONEBIT_LAMB_ALGORITHM, "variance_refresh": 64}
 
 
@@ -397,7 +397,11 @@ def main(argv: list[str]) -> None:
             "onebit_lamb_compression_step_n1", onebit, "s", PEER_LAMB, lamb, None, {**config, "note": note}
         )
     )
-    default_config = {**config, "note": note, "optimizer": DEFAULT_ONEBIT}
+    default_config = {
+        **config,
+        "note": note,
+        "optimizer": {**ONEBIT_LAMB_ALGORITHM.options(), "variance_refresh": 64},
+    }
     onebit, lamb = contenders.race(("onebit_default", "lamb"), warmup, reps, keep=("lamb",))
     records.append(
         Record("onebit_lamb_default_compression_step_n1", onebit, "s", PEER_LAMB, lamb, None, default_config)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from pretrain.optim import functional as F
+from pretrain.optim.kernel_path import KernelPath, kernel_path
 
 # Param-group keys owned by the current run's configuration, never taken from a checkpoint.
 RUN_OWNED_GROUP_KEYS = ("params", "exp_avg_mask")
@@ -62,20 +63,22 @@ def global_norm(per_tensor_norms: Tensor) -> Tensor:
 def global_grad_norm(grads: list[Tensor]) -> Tensor:
     """√Σ‖g_i‖² over the tensors themselves, fp32 scalar, non-finite as `global_norm`.
 
-    fp32 tensors on CPU: one BLAS dot product per tensor, which reads memory ~1.7× as fast as ATen's
-    norm kernel there (one read stream per thread; `bench optim`'s `lamb_gradient_norm_pass`; the sums
-    differ in rounding only). Elsewhere the multi-tensor norm kernel: one launch for all tensors."""
+    fp32 tensors on the CPU path: one BLAS dot product per tensor, which reads memory ~1.7× as fast as
+    ATen's norm kernel there (one read stream per thread; `bench optim`'s `lamb_gradient_norm_pass`; the
+    sums differ in rounding only). Elsewhere the multi-tensor norm kernel: one launch for all tensors."""
     if not grads:
         return torch.zeros((), dtype=torch.float32)
-    if grads[0].device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
+    on_cpu_path = kernel_path(grads[0].device) is KernelPath.cpu
+    if on_cpu_path and grads[0].device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
         flat = [g.t().reshape(-1) if _column_major(g) else g.reshape(-1) for g in grads]  # views
         return torch.stack([torch.dot(g, g) for g in flat]).sum().sqrt()
     return global_norm(F.grad_norms(grads))
 
 
-# On CPU, updates run over chunks of consecutive tensors of about this many elements: the scratch stays
-# small and a chunk's several passes hit the cache. On accelerators a chunk is a whole group (fewer
-# kernel launches; memory bandwidth is what counts there).
+# On the CPU path (`kernel_path`), updates run over chunks of consecutive tensors of about this many
+# elements: the scratch stays small and a chunk's several passes hit the cache. On the multi-tensor path
+# a chunk is a whole group (a number of kernel launches that does not grow with the tensors; memory
+# bandwidth is what counts there).
 CPU_CHUNK_NUMEL = 1 << 20
 
 
@@ -86,12 +89,13 @@ class Workspace:
     def __init__(self, chunk_numel: int | None = None) -> None:
         self.chunk_numel = chunk_numel
         self._buffer: Tensor | None = None
+        self._counts: dict[tuple[torch.device, tuple[int, ...]], Tensor] = {}
 
     def chunks(self, tensors: list[Tensor]) -> list[slice]:
         """Consecutive index ranges of at most `chunk_numel` elements (a bigger tensor stands alone)."""
         limit = self.chunk_numel
-        if limit is None:
-            limit = CPU_CHUNK_NUMEL if tensors and tensors[0].device.type == "cpu" else None
+        if limit is None and tensors and kernel_path(tensors[0].device) is KernelPath.cpu:
+            limit = CPU_CHUNK_NUMEL
         if limit is None:
             return [slice(0, len(tensors))]
         spans, start, size = [], 0, 0
@@ -102,6 +106,14 @@ class Workspace:
             size += tensor.numel()
         spans.append(slice(start, len(tensors)))
         return spans
+
+    def counts(self, tensors: list[Tensor]) -> Tensor:
+        """The tensors' numels as an int64 tensor on their device (`functional.per_tensor`), made once
+        per list of sizes: a copy to the device each step would wait for it."""
+        key = (tensors[0].device, tuple(t.numel() for t in tensors))
+        if key not in self._counts:
+            self._counts[key] = torch.tensor(key[1], dtype=torch.int64, device=key[0])
+        return self._counts[key]
 
     def flat(self, numel: int, device: torch.device) -> Tensor:
         """The first `numel` elements of the buffer (grown if needed)."""
@@ -158,13 +170,18 @@ def chunked(
     update: Callable[..., Tensor | None],
     tensor_lists: list[list[Tensor]],
     per_tensor: tuple[Tensor, ...] = (),
+    *,
+    expand: bool = False,
     **kwargs: Any,
 ) -> Tensor | None:
     """Apply a list update (`functional`) chunk by chunk with `workspace` scratch. `tensor_lists[0]`
-    decides the chunks; `per_tensor` 1-D values are sliced alike; per-tensor results concatenated."""
+    decides the chunks; `per_tensor` 1-D values are sliced alike; per-tensor results concatenated.
+    `expand`: the update takes `counts` (`functional.per_tensor`), given on the multi-tensor path."""
     results = []
     for span in workspace.chunks(tensor_lists[0]):
         chunk = tensor_lists[0][span]
+        if expand and kernel_path(chunk[0].device) is KernelPath.multi_tensor:
+            kwargs["counts"] = workspace.counts(chunk)
         results.append(
             update(
                 *(tensors[span] for tensors in tensor_lists),

@@ -4,8 +4,9 @@ docs/onebit-lamb.md).
 Every function updates the tensors it is given in place (names ending in `_`) or returns new tensors;
 none reads optimizer state, process groups or globals, so each is tested against hand-computed numbers
 (`tests/unit/test_optim_*.py`) and can be wrapped in `torch.compile`. Per-tensor scalars (norms, trust
-ratios, factors) travel as 1-D tensors of length `len(params)` and are applied through lists of 0-dim
-tensors, so nothing here synchronizes with the device.
+ratios, factors) travel as 1-D tensors of length `len(params)` and are applied through `per_tensor` (lists
+of 0-dim tensors, or on the multi-tensor path the values expanded to their tensors' elements), so nothing
+here synchronizes with the device.
 
 Notation as in docs/onebit-lamb.md: m = exp_avg, v = exp_avg_sq, v_f = fresh exp_avg_sq, λ = weight decay.
 """
@@ -37,6 +38,7 @@ __all__ = [
     "live_ratio",
     "live_scalars",
     "local_momentum_",
+    "per_tensor",
     "preconditioned_momentum_",
     "scaling_coefficients",
     "trust_ratios",
@@ -56,9 +58,21 @@ def bias_corrections(beta1: float, beta2: float, step: int) -> tuple[float, floa
     return 1.0 - beta1**step, math.sqrt(1.0 - beta2**step)
 
 
-def _as_scalars(values: Tensor) -> list[Tensor]:
-    """A [k] tensor as k 0-dim tensors: foreach ops broadcast them per tensor without a host sync."""
-    return list(values.unbind())
+def per_tensor(values: Tensor, like: list[Tensor], counts: Tensor | None = None) -> list[Tensor]:
+    """values[i] for the elements of like[i], as a foreach op takes per-tensor values: 0-dim tensors
+    (`counts` None: the reference), or, given `counts` (the numels of `like` as a tensor on values' device:
+    the multi-tensor path, `pretrain.optim.kernel_path`), tensors of like[i]'s shape and strides holding
+    values[i] in every element, expanded in one op. A foreach op over 0-dim tensors runs tensor by tensor on
+    CUDA (they do not match the other lists' shapes); over these it is one multi-tensor launch. The
+    elements' arithmetic is the same either way, so are the bits."""
+    if counts is None:
+        return list(values.unbind())
+    flat = torch.repeat_interleave(values, counts, output_size=sum(t.numel() for t in like))
+    views, offset = [], 0
+    for t in like:
+        views.append(flat.as_strided(t.shape, t.stride(), offset))
+        offset += t.numel()
+    return views
 
 
 def adam_moments_(
@@ -144,12 +158,14 @@ def lamb_update_(
     min_coeff: float = 0.0,
     max_coeff: float = 0.0,
     workspace: list[Tensor] | None = None,
+    counts: Tensor | None = None,
 ) -> Tensor | None:
     """One LAMB step on one parameter group, in place (docs/pretraining.md, "Optimizers"): moments as
     `adam_moments_`, u = m/(√v+ε) + λp (decoupled decay, ε outside the root), p ← p − η·c·u. Bias
     corrections from `bias_corrections()`; `grad_scale` is the global pre-normalization 1/max(1,
     G/max_grad_norm), computed by the caller over ALL groups. `workspace`: optional scratch tensors shaped
-    like `params`, overwritten. Returns the trust ratios applied, shape [len(params)].
+    like `params`, overwritten. `counts`: the multi-tensor path's (`per_tensor`). Returns the trust ratios
+    applied, shape [len(params)].
 
     `nvlamb` (apex/NVIDIA LAMB): m̂, v̂ bias-corrected in u; c = ‖p‖/‖u‖ when λ ≠ 0 (1 where a norm is 0),
     no trust ratio at all when λ = 0 (returns None). With s = √bc2/bc1, m̂/(√v̂+ε) = s·m/(√v+ε√bc2); u is
@@ -173,6 +189,7 @@ def lamb_update_(
             min_coeff=min_coeff,
             max_coeff=max_coeff,
             workspace=workspace,
+            counts=counts,
         )
     updates = _scratch(workspace, params)
     adam_direction_(updates, exp_avgs, exp_avg_sqs, eps * bias_correction2_sqrt)  # u/s
@@ -184,7 +201,7 @@ def lamb_update_(
     usable = (param_norms > 0) & (update_norms > 0)
     # `updates` holds u/s: the trust ratio cancels s, the fallback ratio 1 does not.
     coeffs = torch.where(usable, trust_ratios(param_norms, update_norms), scale)
-    torch._foreach_addcmul_(params, updates, _as_scalars(coeffs), value=-lr)
+    torch._foreach_addcmul_(params, updates, per_tensor(coeffs, params, counts), value=-lr)
     return coeffs / scale
 
 
@@ -200,6 +217,7 @@ def clamped_trust_ratio_step_(
     max_coeff: float,
     workspace: list[Tensor] | None = None,
     rooted: bool = False,
+    counts: Tensor | None = None,
 ) -> Tensor:
     """p ← p − η·c·u with u = m/(√v+ε) + λp and c = clamp(‖p‖/‖u‖, min_coeff, max_coeff) on every tensor
     (1 where a norm is 0): DeepSpeed LAMB's step for given moments (docs/pretraining.md). Also 1-bit
@@ -211,7 +229,7 @@ def clamped_trust_ratio_step_(
     param_norms, update_norms = grad_norms(params), grad_norms(updates)
     usable = (param_norms > 0) & (update_norms > 0)
     coeffs = torch.where(usable, trust_ratios(param_norms, update_norms).clamp(min_coeff, max_coeff), 1.0)
-    torch._foreach_addcmul_(params, updates, _as_scalars(coeffs), value=-lr)
+    torch._foreach_addcmul_(params, updates, per_tensor(coeffs, params, counts), value=-lr)
     return coeffs
 
 
@@ -421,6 +439,7 @@ def compressed_lamb_update_(
     factor_max: float,
     factor_threshold: float,
     workspace: list[Tensor] | None = None,
+    counts: Tensor | None = None,
 ) -> Tensor:
     """1-bit LAMB compression-stage update of one group after the momentum exchange, in place
     (docs/onebit-lamb.md).
@@ -459,7 +478,7 @@ def compressed_lamb_update_(
     factors = factor_rule(
         raw, last_factors, factor_min=factor_min, factor_max=factor_max, factor_threshold=factor_threshold
     )
-    torch._foreach_addcmul_(params, updates, _as_scalars(coeff_freeze * factors), value=-lr)
+    torch._foreach_addcmul_(params, updates, per_tensor(coeff_freeze * factors, params, counts), value=-lr)
     return factors
 
 

@@ -48,14 +48,15 @@ def eager_lamb_update(
     **hyper: Any,
 ) -> Tensor | None:
     """One group's eager LAMB step over (params, grads, exp_avgs, exp_avg_sqs), in place: on CPU the numba
-    loops (`lamb_loops`), else the foreach functions chunk by chunk, temporaries in `workspace`. The
-    clamp [min_coeff, max_coeff] is the deepspeed variant's. Returns the trust ratios (None: an nvlamb
-    group without weight decay, which has none). `Lamb`'s step and 1-bit LAMB's warmup."""
+    loops (`lamb_loops`), else the foreach functions, chunk by chunk on the CPU, a group at a time in
+    multi-tensor ops elsewhere (`kernel_path`), temporaries in `workspace`. The clamp [min_coeff,
+    max_coeff] is the deepspeed variant's. Returns the trust ratios (None: an nvlamb group without weight
+    decay, which has none). `Lamb`'s step and 1-bit LAMB's warmup."""
     nvlamb = variant is LambVariant.nvlamb
     clamp: dict[str, Any] = {} if nvlamb else dict(min_coeff=min_coeff, max_coeff=max_coeff)
     if lamb_loops.usable(*tensor_lists):
         return lamb_loops.lamb_step_(*tensor_lists, nvlamb=nvlamb, **clamp, **hyper)
-    return chunked(workspace, F.lamb_update_, tensor_lists, nvlamb=nvlamb, **clamp, **hyper)
+    return chunked(workspace, F.lamb_update_, tensor_lists, expand=True, nvlamb=nvlamb, **clamp, **hyper)
 
 
 DEFAULT_EPS = {LambVariant.nvlamb: 1e-6, LambVariant.deepspeed: 1e-8}

@@ -39,6 +39,7 @@ from pretrain.comm.numba_support import numba_unavailable_reason
 from pretrain.optim import functional as F
 from pretrain.optim.base import flat_views
 from pretrain.optim.blocks import Blocks
+from pretrain.optim.kernel_path import KernelPath, kernel_path
 
 # Elements per fp32 partial sum of the norms (a divisor of `blocks.BLOCK`), the partial sums added in
 # float64: as accurate as float64 terms for the trust ratio, and the first loop took 0.91x fused AdamW's
@@ -116,6 +117,8 @@ def usable(*tensor_lists: list[Tensor]) -> bool:
     """Whether `lamb_step_` can take these (params, grads, exp_avgs, exp_avg_sqs): numba imports, and the
     tensors are CPU fp32, each with its gradient and moments of its shape and memory order."""
     if _loops() is None or not tensor_lists[0]:
+        return False
+    if kernel_path(tensor_lists[0][0].device) is not KernelPath.cpu:
         return False
     for tensors in zip(*tensor_lists):
         first = tensors[0]

@@ -47,6 +47,7 @@ from pretrain.comm.numba_support import numba_unavailable_reason
 from pretrain.comm.plan import MomentumSource
 from pretrain.optim.base import Workspace, flat_views
 from pretrain.optim.blocks import Blocks, run_shared, shares
+from pretrain.optim.kernel_path import KernelPath, kernel_path
 from pretrain.optim.lamb_loops import SPAN, span_sums
 from pretrain.optim.marginals import add_square_marginals
 
@@ -345,7 +346,11 @@ def _flat_alike(tensors: tuple[Tensor, ...]) -> list[Tensor] | None:
     """The tensors' 1-D views in memory order (`base.flat_views`) when all are CPU fp32 of one shape and
     one memory order, else None."""
     first = tensors[0]
-    if first.device.type != "cpu" or any(t.dtype != torch.float32 or t.shape != first.shape for t in tensors):
+    if (
+        first.device.type != "cpu"
+        or kernel_path(first.device) is not KernelPath.cpu
+        or any(t.dtype != torch.float32 or t.shape != first.shape for t in tensors)
+    ):
         return None
     try:
         return flat_views(*(t.detach() for t in tensors))

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from pretrain.comm.numba_support import numba_unavailable_reason
 from pretrain.optim.base import CPU_CHUNK_NUMEL, Workspace
+from pretrain.optim.kernel_path import KernelPath, kernel_path
 
 
 @functools.cache
@@ -94,17 +95,18 @@ def _numba_usable(matrix: Tensor, row_sums: Tensor, col_sums: Tensor) -> bool:
     )
 
 
-# off the CPU: the squares of this many elements at a time (256 MiB of fp32 scratch)
+# the multi-tensor path: the squares of this many elements at a time (256 MiB of fp32 scratch)
 MULTI_TENSOR_NUMEL = 1 << 26
 
 
 def add_square_marginals_many(
     matrices: list[Tensor], sums: list[tuple[Tensor, Tensor]], workspace: Workspace, scale: float = 1.0
 ) -> None:
-    """:func:`add_square_marginals` for every matrix with its (row_sums, col_sums). On CPU one call each (the
-    same bits); elsewhere in few launches (:func:`multi_tensor_marginals`)."""
-    if matrices and matrices[0].device.type != "cpu":
-        multi_tensor_marginals(matrices, sums, scale)
+    """:func:`add_square_marginals` for every matrix with its (row_sums, col_sums). On the CPU path one call
+    each (the same bits); on the multi-tensor path (`kernel_path`) in few ops
+    (:func:`multi_tensor_marginals`)."""
+    if matrices and kernel_path(matrices[0].device) is KernelPath.multi_tensor:
+        multi_tensor_marginals(matrices, sums, workspace, scale)
         return
     for matrix, (row_sums, col_sums) in zip(matrices, sums):
         add_square_marginals(matrix, row_sums, col_sums, workspace, scale)
@@ -113,13 +115,17 @@ def add_square_marginals_many(
 def multi_tensor_marginals(
     matrices: list[Tensor],
     sums: list[tuple[Tensor, Tensor]],
+    workspace: Workspace,
     scale: float = 1.0,
     chunk_numel: int = MULTI_TENSOR_NUMEL,
 ) -> None:
-    """The square marginals for GPUs, where BERT-Large's ~150 matrices through `torch_add_square_marginals`
-    dispatch six torch ops each (~900 launches, the CUDA step bound by the host, `make gpu-check`): the
-    squares of up to `chunk_numel` elements in two multi-tensor ops, then each matrix's row and column sums
-    as two matrix-vector products with ones (one read each). The same sums up to fp32 rounding order."""
+    """The square marginals in a number of ops that does not grow with the number of matrices (BERT-Large's
+    ~150 through `torch_add_square_marginals` dispatched six torch ops each, ~900 launches): the squares of
+    up to `chunk_numel` elements at a time in multi-tensor ops, written into `workspace` grouped by shape,
+    then for each shape the row and column sums of all its matrices as two reductions over one [k, R, C]
+    view, added into the sums by two multi-tensor adds: 3 or 4 ops per chunk and 2 per shape among its
+    matrices (BERT: about 6 shapes, whatever its depth). The squares as the other paths form them (s·m
+    rounded to fp32 first); the sums up to fp32 rounding order."""
     oriented = []
     for matrix, (row_sums, col_sums) in zip(matrices, sums):
         if not matrix.is_contiguous() and matrix.t().is_contiguous():  # column-major: its transpose's rows
@@ -131,25 +137,32 @@ def multi_tensor_marginals(
         while stop < len(oriented) and (stop == start or numel + oriented[stop][0].numel() <= chunk_numel):
             numel += oriented[stop][0].numel()
             stop += 1
-        chunk = oriented[start:stop]
-        blocks = [matrix for matrix, _, _ in chunk]
-        if scale == 1.0:
-            squares = torch._foreach_mul(blocks, blocks)
-        else:  # (s·m)², the product rounded to fp32 first, as the other paths
-            squares = torch._foreach_mul(blocks, scale)
-            torch._foreach_mul_(squares, squares)
-        for square, (_, row_sums, col_sums) in zip(squares, chunk):
-            rows, cols = square.shape
-            row_sums.addmv_(square, _ones(cols, square.device, square.dtype))
-            col_sums.addmv_(square.t(), _ones(rows, square.device, square.dtype))
+        shapes: dict[tuple[int, ...], list[int]] = {}
+        for k in range(start, stop):
+            shapes.setdefault(tuple(oriented[k][0].shape), []).append(k)
+        order = [k for ks in shapes.values() for k in ks]
+        flat = workspace.flat(numel, oriented[start][0].device)
+        squares, offset = [], 0
+        for k in order:
+            rows, cols = oriented[k][0].shape
+            squares.append(flat[offset : offset + rows * cols].view(rows, cols))
+            offset += rows * cols
+        torch._foreach_copy_(squares, [oriented[k][0] for k in order])
+        if scale != 1.0:  # (s·m)², the product rounded to fp32 first, as the other paths
+            torch._foreach_mul_(squares, scale)
+        torch._foreach_mul_(squares, squares)
+        row_targets: list[Tensor] = []
+        col_targets: list[Tensor] = []
+        row_parts: list[Tensor] = []
+        col_parts: list[Tensor] = []
+        offset = 0
+        for (rows, cols), ks in shapes.items():
+            stacked = flat[offset : offset + len(ks) * rows * cols].view(len(ks), rows, cols)
+            offset += len(ks) * rows * cols
+            row_parts += stacked.sum(2).unbind(0)
+            col_parts += stacked.sum(1).unbind(0)
+            row_targets += [oriented[k][1] for k in ks]
+            col_targets += [oriented[k][2] for k in ks]
+        torch._foreach_add_(row_targets, row_parts)
+        torch._foreach_add_(col_targets, col_parts)
         start = stop
-
-
-_ONES: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
-
-
-def _ones(length: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    key = (length, device, dtype)
-    if key not in _ONES:
-        _ONES[key] = torch.ones(length, device=device, dtype=dtype)
-    return _ONES[key]

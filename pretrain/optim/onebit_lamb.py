@@ -105,6 +105,13 @@ class OnebitLambAlgorithm:
         exchange = {key: changes.pop(key) for key in list(changes) if key in names}
         return dataclasses.replace(self, exchange=dataclasses.replace(self.exchange, **exchange), **changes)
 
+    def options(self) -> dict[str, Any]:
+        """Every choice by name, the exchange's among them, enums as their values (records, reports)."""
+        exchange = {f.name: getattr(self.exchange, f.name) for f in fields(self.exchange)}
+        values = {"warmup": self.warmup, "trust_ratio": self.trust_ratio, **exchange}
+        values["live_vector_variance"] = self.live_vector_variance
+        return {key: value.value if isinstance(value, enum.Enum) else value for key, value in values.items()}
+
     @property
     def nvlamb(self) -> bool:
         """NVLAMB's rules: pre-normalized gradients (frozen at F for the compression stage), moments
@@ -641,7 +648,7 @@ class OnebitLamb(OnebitOptimizer):
             if averages:  # the pass `_exchange` left out, with its arithmetic
                 assert divisors is not None
                 torch._foreach_mul_(exp_avgs, divisors)
-            coeffs = self._chunked(F.clamped_trust_ratio_step_, tensors, (), **options)
+            coeffs = self._chunked(F.clamped_trust_ratio_step_, tensors, (), expand=True, **options)
         self._last_live_coeffs[id(group)] = coeffs
 
     def _frozen_step(self, group: dict[str, Any], prev_exp_avgs: list[Tensor]) -> None:
@@ -656,7 +663,7 @@ class OnebitLamb(OnebitOptimizer):
             factor_min=self.factor_min, factor_max=self.factor_max, factor_threshold=self.factor_threshold
         )
         factors = self._chunked(
-            F.compressed_lamb_update_, tensors, scalars, **factor_rule, **self._hyper(group)
+            F.compressed_lamb_update_, tensors, scalars, expand=True, **factor_rule, **self._hyper(group)
         )
         torch._foreach_copy_(last_factors, list(factors.unbind()))  # type: ignore[union-attr]
 

@@ -83,8 +83,8 @@ def test_bench_times_both_implementations_over_a_models_matrices():
 
 @pytest.mark.parametrize("scale", [1.0, 0.37])
 def test_multi_tensor_marginals_match_the_torch_path(scale: float):
-    """The GPU path (run here on CPU tensors): the torch path's row and column sums up to fp32 summation
-    order, for row-major and column-major matrices, in chunks smaller than some matrices."""
+    """The multi-tensor path (run here on CPU tensors): the torch path's row and column sums up to fp32
+    summation order, for row-major and column-major matrices, in chunks smaller than some matrices."""
     generator = torch.Generator().manual_seed(3)
     matrices = [torch.randn(rows, cols, generator=generator) for rows, cols in ((7, 5), (3, 11), (16, 4))]
     matrices.append(torch.randn(6, 9, generator=generator).t())  # column-major 9 x 6
@@ -96,7 +96,7 @@ def test_multi_tensor_marginals_match_the_torch_path(scale: float):
     for matrix, (rows, cols) in zip(matrices, expected):
         marginals.torch_add_square_marginals(matrix, rows, cols, Workspace(), scale)
     got = [(r.clone(), c.clone()) for r, c in start]
-    marginals.multi_tensor_marginals(matrices, got, scale, chunk_numel=40)
+    marginals.multi_tensor_marginals(matrices, got, Workspace(), scale, chunk_numel=40)
     for (rows, cols), (want_rows, want_cols) in zip(got, expected):
         torch.testing.assert_close(rows, want_rows, rtol=1e-6, atol=0)
         torch.testing.assert_close(cols, want_cols, rtol=1e-6, atol=0)
