@@ -63,7 +63,7 @@ def by_kind_table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def section(summaries: list[dict]) -> str:
+def section(summaries: list[dict], results: Path) -> str:
     struck = sum(s["faults_struck"] for s in summaries)
     bitwise = sum(1 for s in summaries if s["bitwise"])
     lost = [f["seconds_lost"] for s in summaries for f in s["faults"] if f["seconds_lost"] is not None]
@@ -96,6 +96,9 @@ def section(summaries: list[dict]) -> str:
     ]
     if skipped:
         parts.append("- kinds skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    where = results / "where.md"  # how the soaks were run (machine, what ran beside them), one line each
+    if where.exists():
+        parts += [line for line in where.read_text().splitlines() if line.strip()]
     parts += ["", table(summaries), "", by_kind_table(summaries), ""]
     if BUGS.exists():
         parts += ["### Bugs the soak found", "", BUGS.read_text().strip(), ""]
@@ -107,7 +110,7 @@ def write_table(results: Path, report: Path = REPORT) -> None:
     summaries = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
     summaries.sort(key=lambda s: (s["optim"], s["seed"], s["faults_scheduled"]))
     text = report.read_text() if report.exists() else "# Reliability report\n"
-    block = section(summaries)
+    block = section(summaries, results)
     if START in text and END in text:
         head, _, rest = text.partition(START)
         _, _, tail = rest.partition(END)
