@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -83,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: problem: {problem}")
     if out.parent == RESULTS:
         write_table(RESULTS)
+    if args.workdir is None and summary["passed"]:  # a temporary scratch folder: logs kept only on failure
+        shutil.rmtree(workdir, ignore_errors=True)
+    elif not summary["passed"]:
+        print(f"chaos: logs in {workdir / 'soak'}")
     return 0 if summary["passed"] else 1
 
 
