@@ -308,7 +308,7 @@ def _config(rung: Rung, runs: Sequence[RungRun], variant: str, lr: str, **extra:
         "diverged_runs": [r.name for r in runs if r.diverged],
         "final_window_records": FINAL_WINDOW,
         "log_every": rung.log_every,
-        "source": f"results/cpu-study-{rung.key} (results/cpu-study-rungs/reproduce.sh)",
+        "source": f"results/cpu-study/runs/cpu-rung-{rung.key}-* (results/cpu-study-rungs/reproduce.sh)",
         **extra,
     }
 
