@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -167,6 +168,26 @@ def watch(
         heartbeat.stop()
 
 
+def _within(seconds: float, read: Callable[[], dict[int, tuple[float, int]]]) -> dict[int, tuple[float, int]]:
+    """`read()` in a daemon thread; TimeoutError when it has not returned after `seconds`."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = read()
+        except Exception as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name="liveness-diagnosis", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer in {seconds:.0f} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def describe(error: BaseException, heartbeat: Heartbeat, step: int, cfg: DistConfig, run_dir: Path) -> str:
     from pretrain.checkpoint import latest_checkpoint
 
@@ -179,7 +200,10 @@ def describe(error: BaseException, heartbeat: Heartbeat, step: int, cfg: DistCon
         else "a peer is gone"
     )
     try:
-        silent = heartbeat.silent_ranks()
+        # bounded: a store whose host is stopped (rank 0's store without torchrun's agent, SIGSTOP) never
+        # answers `check`, whatever the client's timeout; the survivor must still exit
+        limit = 2 * cfg.heartbeat_s + 3 * _STORE_TIMEOUT.total_seconds()
+        silent = _within(limit, heartbeat.silent_ranks)
         if silent:
             who = "; ".join(
                 f"rank {rank} {'stalled' if timed_out else 'died or stalled'} "
