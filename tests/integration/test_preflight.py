@@ -113,6 +113,18 @@ def test_onebit_on_one_process_says_compression_is_off(monkeypatch, tmp_path):
     assert any("nothing to compress" in note for note in report.notes)
 
 
+def test_the_command_line_finds_its_config(tmp_path):
+    """`python -m pretrain.tools.preflight` as the launchers run it (fast tier): its Hydra config path is
+    relative to the module, so moving the module without it made every launch stop with exit 2."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pretrain.tools.preflight", *LARGE, "dry_run_world_size=8",
+         f"data_dir={tmp_path / 'absent'}", f"run_dir={tmp_path / 'run'}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("pre-flight: bert_large")
+
+
 @pytest.mark.slow  # `python -m` processes
 def test_cli_exit_codes_and_the_pretrain_header(tmp_path):
     common = [f"data_dir={tmp_path / 'absent'}", f"run_dir={tmp_path / 'run'}"]
