@@ -38,11 +38,13 @@ def test_recipe_composes(batch: str, optim: str):
     if batch.startswith("cpu_study_"):
         # the CPU study's stand-ins: phase 1 only, the same samples at every batch, freeze_step ~15-20%,
         # >= 300 compression steps, a global batch that 2, 4, 8 and 32 workers divide
-        assert [p.max_seq_length for p in phases] == [32 if batch == "cpu_study_s32" else 128]
+        assert [p.max_seq_length for p in phases] == [32 if batch.startswith("cpu_study_s32") else 128]
         if batch == "cpu_study_long":  # the b128 recipe 7.5x longer (LAMB past the unigram stage)
             assert phases[0].global_batch == 128 and phases[0].steps * 128 == 7.5 * 51200
         elif batch == "cpu_study_s32":  # seq 32: 128 x 32 tokens per step, as the b32 recipe's 32 x 128
             assert phases[0].global_batch == 128 and phases[0].steps * 128 == 409600
+        elif batch == "cpu_study_s32_b1024":  # rung B: the seq-32 recipe's samples at batch 1,024
+            assert phases[0].global_batch == 1024 and phases[0].steps * 1024 == 409600
         else:
             assert phases[0].global_batch == int(batch.removeprefix("cpu_study_b"))
             assert phases[0].steps * phases[0].global_batch == 51200
@@ -85,7 +87,7 @@ def test_dry_run_builds_every_recipe(tiny_data: Path, tiny_data_s32: Path, tmp_p
             f"batch={batch}",
             "optim=onebit_lamb",
             "model=bert_tiny",
-            f"data_dir={tiny_data_s32 if batch == 'cpu_study_s32' else tiny_data}",
+            f"data_dir={tiny_data_s32 if batch.startswith('cpu_study_s32') else tiny_data}",
             f"run_dir={tmp_path / batch}",
             "dry_run=true",
         )
