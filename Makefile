@@ -32,10 +32,9 @@ PRETRAIN_DATA := $(or $(DATA),wikipedia_bookcorpus)
 endif
 PYTEST_ARGS ?=
 # Test tiers (pytest marker `slow`, pyproject.toml). `make test`: the fast tier, to run after every change: every
-# package at the unit level and one quick run of each multi-process and end-to-end flow (990 of 1103 tests; fresh clone with the venv and a cold numba cache: 979 s; earlier
-# measured with `time pytest -m "not slow"`, warm numba cache, on 2 cores shared with other jobs (load ~2):
-# 6-7 min wall, ~25% of the time the same selection took before the tiers). `make test-all` (= `make test
-# SLOW=1`; CI: .ci/run): the slow tier too.
+# package at the unit level and one quick run of each multi-process and end-to-end flow (990 of 1103 tests; on a
+# fresh clone with the venv created and a cold numba cache, 2 shared cores: 979 s; docs/testing.md).
+# `make test-all` (= `make test SLOW=1`; CI: .ci/run): the slow tier too.
 SLOW   ?= 0
 PYTEST_MARK := $(if $(filter 0,$(SLOW)),-m "not slow",)
 
