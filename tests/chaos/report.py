@@ -14,6 +14,16 @@ RUNS = {20: "16 + 4 steps", 50: "40 + 10 steps"}  # the recipes by their last st
 BUGS = REPO_ROOT / "tests" / "chaos" / "bugs.md"  # the bugs the soak found, with their fixes
 
 
+def struck(summary: dict) -> str:
+    """Faults struck / asked for, and in brackets the reserve drawn to replace faults that found no step and
+    the drawn faults that never struck (tests/chaos/schedule.py `Planner`)."""
+    scheduled = summary["faults_scheduled"]
+    reserve = summary.get("faults_drawn", scheduled) - scheduled
+    left = len(summary.get("faults_unplaced", []))
+    notes = ([f"+{reserve} from the reserve"] if reserve else []) + ([f"{left} never struck"] if left else [])
+    return f"{summary['faults_struck']} / {scheduled}" + (f" ({', '.join(notes)})" if notes else "")
+
+
 def table(summaries: list[dict]) -> str:
     lines = [
         "| seed | optim | run | faults struck / scheduled | by kind | by point | restarts |"
@@ -27,7 +37,7 @@ def table(summaries: list[dict]) -> str:
         lost = s["seconds_lost"]
         lines.append(
             f"| {s['seed']} | {s['optim']} | {RUNS.get(s['final_step'], str(s['final_step']) + ' steps')} | "
-            f"{s['faults_struck']} / {s['faults_scheduled']} | {kinds} | {points} | {s['restarts']} | "
+            f"{struck(s)} | {kinds} | {points} | {s['restarts']} | "
             f"{'yes' if s['bitwise'] else 'NO'} | {s['messages_ok']} of {s['faults_struck']} | "
             f"{lost['median']} s / {lost['worst']} s | "
             f"{s['soak_seconds']:.0f} s / {s['reference_seconds']:.0f} s | "
@@ -82,10 +92,13 @@ def section(summaries: list[dict], results: Path) -> str:
         "launch.supervise`, which relaunches it on exit 75, 76 and a freed full disk; the end state is "
         "compared with an uninterrupted run of the same seed. Lost per fault: from the fault to the first "
         "step past the furthest one trained when the launch it ended stopped, or to the next fault, "
-        "whichever came first (no second counted twice). A fault finds no step left to strike when the run "
-        "got to its end first (most SIGTERMs, short link outages and flipped bytes move it on by a step); "
-        "the 16 + 4 run holds about 40. Regenerate the table: "
-        "`python -m tests.chaos --report` (from results/chaos/*.json).",
+        "whichever came first (no second counted twice). A run holds only so many faults that move it on "
+        "(a SIGTERM, a flipped byte, a short link outage, a kill after a checkpoint: a step each), so a "
+        "fault that would end the run waits until it is the last one needed, a target moves onto a boundary "
+        "only from 2 steps away, and while none of the schedule's faults can strike, more are drawn from "
+        "the same seeded RNG (the reserve) until as many as asked for have struck; `struck / scheduled` "
+        "says in brackets how many came from the reserve and how many drawn never struck. Regenerate the "
+        "table: `python -m tests.chaos --report` (from results/chaos/*.json).",
         "",
         f"- soaks: {len(summaries)}; faults: {struck} "
         f"({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items()))}); "

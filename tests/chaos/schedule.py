@@ -3,11 +3,20 @@
 A schedule is a list of `ChaosFault`s in the order they strike one pretraining run. Each fault says what
 happens (`kind`), where in a step (`point`, one of the fault points of pretrain/distributed/faults.py, or
 `startup` for a kill while the job is still starting), to which rank, and when: the global step
-`target`. Targets spread the faults over the whole run (fault i near step i x total / count, some moved
-onto the recipe's boundaries: freeze_step, the first compression step, the last step of phase 1, the first
-of phase 2). The soak (tests/chaos/soak.py) arms a fault at its target, or, when the run already stands
-there (a fault struck again and again at one step), at the first step after the one it resumes from: a
-fault right after a resume.
+`target`. Targets spread the faults over the whole run (fault i near step i x total / count; about half
+of those within 2 steps of one of the recipe's boundaries are moved onto it: freeze_step, the first
+compression step, the last step of phase 1, the first of phase 2). The soak (tests/chaos/soak.py) arms a
+fault at its target, or, when the run already stands there (a fault struck again and again at one step),
+at the first step after the one it resumes from: a fault right after a resume.
+
+A run holds only so many faults that move it on (a SIGTERM checkpoints and exits, a flipped byte is found
+by the next step, a short link outage is ridden out, a kill after a checkpoint: each moves the run on by a
+step), so a fixed list of `count` faults can find the run at its end before the last ones strike. The
+`Planner` arms the faults launch by launch: a fault that would let the run finish (a SIGTERM or a short
+outage at the last step) waits until it is the last one needed, and while no fault of the list can strike
+without ending the run, it draws further ones from the same seeded RNG (`make_schedule(extra=...)`: the
+reserve, struck at the first step after the resume) until `count` have struck. The soak reports what was
+drawn and what found no step.
 
 Kinds (`KINDS`):
     kill     SIGKILL one rank (faults.py `kill`): the survivor exits 76 with one line naming the rank
@@ -27,7 +36,7 @@ Kinds (`KINDS`):
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 KINDS = ("kill", "stall", "term", "disk", "link", "flip", "restart")
 # the order of the points inside one step (the exchange runs in the optimizer step, after mid_step)
@@ -94,6 +103,9 @@ class ChaosFault:
     boundary: bool  # the target was moved onto a recipe boundary
     hold_s: float  # link: outage; stall: extra seconds stopped after it is named; disk: until freed;
     # restart: seconds after the launch
+    reserve: bool = (
+        False  # drawn after the `count` faults of the schedule, to replace ones that found no step
+    )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -106,6 +118,11 @@ def link_seconds(timeout_s: float, long: bool, rng: random.Random) -> float:
     return round(rng.uniform(1.0, max(1.5, timeout_s / 2 - 3)), 1)
 
 
+# a target within this many steps of a recipe boundary may be moved onto it (a far one would move the run
+# on by many steps in one launch: an early fault moved onto freeze_step trains the steps before it)
+BOUNDARY_REACH = 2
+
+
 def make_schedule(
     seed: int,
     count: int,
@@ -113,9 +130,11 @@ def make_schedule(
     recipe: Recipe | None = None,
     timeout_s: float = 20.0,
     world_size: int = 2,
+    extra: int = 0,
 ) -> list[ChaosFault]:
-    """`count` faults drawn from `kinds` with `random.Random(seed)` only: the same arguments give the
-    same schedule, in any process."""
+    """`count` faults drawn from `kinds` with `random.Random(seed)` only, then `extra` reserve faults drawn
+    after them from the same RNG (target 1: the first step after the resume): the same arguments give the
+    same schedule, in any process, and the first `count` do not depend on `extra`."""
     recipe = recipe or SHORT
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:
@@ -130,18 +149,164 @@ def make_schedule(
     rng.shuffle(drawn)
     faults = []
     for index, kind in enumerate(drawn):
-        point = rng.choice(KIND_POINTS[kind])
-        rank = rng.randrange(world_size)
-        target = 1 + index * (total - 1) // max(count, 1) + rng.choice((-1, 0, 0, 1))
-        boundary = rng.random() < 0.2
-        if boundary:
-            target = min(recipe.boundaries, key=lambda b: (abs(b - target), b))
-        target = max(1, min(total, target))
-        if kind == "link":
-            hold = link_seconds(timeout_s, long=rng.random() < 0.4, rng=rng)
-        elif kind == "restart":
-            hold = round(rng.uniform(0.5, 6.0), 1)
-        else:
-            hold = round(rng.uniform(0.2, 3.0), 1)
-        faults.append(ChaosFault(index, kind, point, rank, target, boundary, hold))
+        spot = 1 + index * (total - 1) // max(count, 1)
+        faults.append(_draw(rng, index, kind, spot, recipe, timeout_s, world_size))
+    for index in range(count, count + extra):
+        kind = rng.choices(pool, weights)[0]
+        faults.append(_draw(rng, index, kind, None, recipe, timeout_s, world_size))
     return faults
+
+
+def _draw(
+    rng: random.Random, index: int, kind: str, spot: int | None, recipe: Recipe, timeout_s: float,
+    world_size: int,
+) -> ChaosFault:  # fmt: skip
+    """One fault near step `spot` (None: a reserve fault, target 1)."""
+    point = rng.choice(KIND_POINTS[kind])
+    rank = rng.randrange(world_size)
+    jitter = rng.choice((-1, 0, 0, 1))
+    target = 1 if spot is None else spot + jitter
+    snap = rng.random() < 0.5
+    near = [b for b in recipe.boundaries if abs(b - target) <= BOUNDARY_REACH]
+    boundary = snap and bool(near) and spot is not None
+    if boundary:
+        target = min(near, key=lambda b: (abs(b - target), b))
+    target = max(1, min(recipe.total_steps, target))
+    if kind == "link":
+        hold = link_seconds(timeout_s, long=rng.random() < 0.4, rng=rng)
+    elif kind == "restart":
+        hold = round(rng.uniform(0.5, 6.0), 1)
+    else:
+        hold = round(rng.uniform(0.2, 3.0), 1)
+    return ChaosFault(index, kind, point, rank, target, boundary, hold, reserve=spot is None)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A fault as one launch carries it: the global step and point it strikes (step None: a restart kill,
+    by time after the launch starts)."""
+
+    fault: ChaosFault
+    step: int | None
+    point: str
+
+
+def ends_launch(fault: ChaosFault, timeout_s: float) -> bool:
+    """Every fault ends its launch but a link outage shorter than dist.timeout_s (ridden out)."""
+    return not (fault.kind == "link" and fault.hold_s < timeout_s)
+
+
+@dataclass
+class Planner:
+    """Which faults each launch carries, from where the run stands: `count` faults must strike; the
+    schedule's first, in order, then the reserve's while none of the schedule's can strike without
+    ending the run. A pure function of its arguments and the stands it is given."""
+
+    seed: int
+    count: int
+    kinds: tuple[str, ...] = KINDS
+    recipe: Recipe = SHORT
+    optim: str = "onebit_lamb"
+    timeout_s: float = 20.0
+    world_size: int = 2
+    reserve_size: int | None = None  # default: as many as `count`
+    queue: list[ChaosFault] = field(init=False)
+    reserve: list[ChaosFault] = field(init=False)
+    drawn: int = field(init=False)
+    placed: int = field(init=False)
+    skipped: dict[int, str] = field(init=False)  # fault index -> why it did not strike the last time
+
+    def __post_init__(self) -> None:
+        extra = self.count if self.reserve_size is None else self.reserve_size
+        faults = make_schedule(
+            self.seed, self.count, self.kinds, self.recipe, self.timeout_s, self.world_size, extra=extra
+        )
+        self.queue, self.reserve = faults[: self.count], faults[self.count :]
+        self.drawn, self.placed, self.skipped = self.count, 0, {}
+
+    def resolve(self, fault: ChaosFault, base: int) -> tuple[int, str] | None:
+        """The global step and point `fault` strikes when the run stands at `base` (None: nowhere left)."""
+        total = self.recipe.total_steps
+        step = min(max(fault.target, base + 1), total)
+        point = fault.point
+        if point in ("grad_allreduce", "exchange"):
+            point = self.recipe.collective_point(self.optim, step)
+        if fault.kind == "term" and step == total and point in ("checkpoint_write", "after_checkpoint"):
+            point = "after_step"  # after the last step's save no step follows to act on the signal
+        if fault.kind == "flip" and step >= total:
+            step = total - 1  # the flip is found by the next step's read
+        if step <= base:
+            return None
+        if step == total and point in ("checkpoint_write", "after_checkpoint") and fault.kind != "term":
+            # struck after the last step's checkpoint is (or may be) complete, the run would be done with
+            # faults still to come: strike before that save instead
+            point = "mid_step"
+        return step, point
+
+    def finishes_run(self, fault: ChaosFault, step: int, point: str) -> bool:
+        """Whether `fault` at `step` leaves the last step trained and checkpointed (the run done): a SIGTERM
+        at the last step, or during the save of the one before (the signal is acted on after the next step),
+        or a short link outage at the last step."""
+        total = self.recipe.total_steps
+        if fault.kind == "term":
+            return step == total or (step == total - 1 and point in ("checkpoint_write", "after_checkpoint"))
+        return step == total and not ends_launch(fault, self.timeout_s)
+
+    def arm(self, stand: int) -> list[Placement]:
+        """The faults of the next launch, which resumes from checkpoint step `stand`: until one ends the
+        launch (a short link outage does not), each at a later step than the one before."""
+        armed: list[Placement] = []
+        base = stand
+        while self.placed < self.count and not (armed and ends_launch(armed[-1].fault, self.timeout_s)):
+            placement = self._next(base, later=bool(armed))
+            if placement is None:
+                break
+            armed.append(placement)
+            self.placed += 1
+            if placement.step is None:  # a restart kill ends the launch
+                break
+            base = placement.step  # after a fault this launch survives, the next one strikes a later step
+        return armed
+
+    def _next(self, base: int, later: bool) -> Placement | None:
+        """The first fault of the queue that can strike now (drawing from the reserve while none can)."""
+        need = self.count - self.placed
+        index = 0
+        while True:
+            for i in range(index, len(self.queue)):
+                placement = self._place(self.queue[i], base, later, last=need == 1)
+                if placement is not None:
+                    del self.queue[i]
+                    self.skipped.pop(placement.fault.index, None)
+                    return placement
+            if not self.reserve:
+                return None
+            index = len(self.queue)
+            self.queue.append(self.reserve.pop(0))
+            self.drawn += 1
+
+    def _place(self, fault: ChaosFault, base: int, later: bool, last: bool) -> Placement | None:
+        if fault.kind == "restart":
+            # a restart kill strikes while a launch starts: after a fault this launch survives, it waits
+            # for the next launch
+            if later:
+                self.skipped[fault.index] = "a restart kill waits for a launch of its own"
+                return None
+            return Placement(fault, None, "startup")
+        resolved = self.resolve(fault, base)
+        if resolved is None:
+            self.skipped[fault.index] = f"no step after {base} to strike"
+            return None
+        step, point = resolved
+        if not last and self.finishes_run(fault, step, point):
+            # the run ends only once the rest have struck: this one waits while others can strike
+            self.skipped[fault.index] = f"at step {step} it would have ended the run with faults to come"
+            return None
+        return Placement(fault, step, point)
+
+    def left(self) -> list[dict]:
+        """The drawn faults that never struck, with the reason the last try gave."""
+        return [
+            {**fault.as_dict(), "reason": self.skipped.get(fault.index, "not needed: enough struck")}
+            for fault in self.queue
+        ]

@@ -3,7 +3,8 @@ to 16 + 4 steps, freeze_step 6; a checkpoint after every step) driven through a 
 (tests/chaos/schedule.py) by the supervisor (launch/supervise.py), which relaunches it as a scheduler's
 requeue would; then the verdict:
 
-- the run finished (the supervisor's exit 0) and every scheduled fault struck;
+- the run finished (the supervisor's exit 0) and as many faults struck as were asked for (the schedule's,
+  and reserve faults drawn in place of those that found no step: tests/chaos/schedule.py `Planner`);
 - the final checkpoint (parameters, every rank's optimizer state with the 1-bit error buffers, RNG, data
   cursor) and every step's metrics are bitwise those of an uninterrupted run with the same seed;
 - after every launch, every complete checkpoint folder (what `resume=auto` could pick) passes its
@@ -45,7 +46,7 @@ from data.dataset import SHARD_CHECK_INTERVAL_S
 from launch.supervise import Launch, Supervisor, kill_tree
 from pretrain.checkpoint import CHECKSUMS, STEP_DIR, latest_checkpoint, list_checkpoints
 from tests.chaos import netjob
-from tests.chaos.schedule import KINDS, SHORT, ChaosFault, Recipe, make_schedule
+from tests.chaos.schedule import KINDS, SHORT, ChaosFault, Planner, Recipe
 from tests.integration.pretrain_helpers import tiny_run_overrides
 from tests.reliability.harness import checkpoint_digests, compare_trajectories, read_metrics
 
@@ -259,8 +260,6 @@ class Soak:
         self.dist = (f"dist.timeout_s={timeout_s:g}", f"dist.heartbeat_s={heartbeat_s:g}")
         self.skipped: dict[str, str] = {}
         self.armed: list[Armed] = []
-        self.queue: list[ChaosFault] = []
-        self.unplaced: list[dict[str, Any]] = []
         self.launch_records: list[dict[str, Any]] = []
         self.problems: list[str] = []
         self.current: list[Armed] = []
@@ -310,8 +309,8 @@ class Soak:
             kinds = tuple(k for k in self.kinds if k not in self.skipped)
             for kind, reason in self.skipped.items():
                 self.say(f"chaos: {kind} faults skipped: {reason}")
-            schedule = make_schedule(self.seed, self.count, kinds, self.recipe, self.timeout_s)
-            self.queue = list(schedule)
+            self.planner = Planner(self.seed, self.count, kinds, self.recipe, self.optim, self.timeout_s)
+            schedule = list(self.planner.queue)
             self.run_dir = (self.disk.folder if self.disk.mounted else base) / "run"
             reference, self.reference_seconds = reference_run(
                 self.source_data, self.workdir / f"reference-{self.optim}-seed{self.seed}", self.optim,
@@ -351,68 +350,14 @@ class Soak:
         self.disk.unmount()
 
     # -- arming a launch ---------------------------------------------------------------------------------
-    def _resolve(self, fault: ChaosFault, base: int) -> tuple[int, str] | None:
-        """The global step and point `fault` strikes when the run stands at `base` (None: nowhere left)."""
-        total = self.recipe.total_steps
-        step = min(max(fault.target, base + 1), total)
-        point = fault.point
-        if point in ("grad_allreduce", "exchange"):
-            point = self.recipe.collective_point(self.optim, step)
-        if fault.kind == "term" and step == total and point in ("checkpoint_write", "after_checkpoint"):
-            point = "after_step"  # after the last step's save no step follows to act on the signal
-        if fault.kind == "flip" and step >= total:
-            step = total - 1  # the flip is found by the next step's read
-        if step <= base:
-            return None
-        if step == total and point in ("checkpoint_write", "after_checkpoint") and fault.kind != "term":
-            # struck after the last step's checkpoint is (or may be) complete, the run would be done with
-            # faults still to come: strike before that save instead
-            point = "mid_step"
-        return step, point
-
-    def _finishes_run(self, fault: ChaosFault, step: int) -> bool:
-        """Whether `fault` at `step` leaves the last step trained and checkpointed (the run done)."""
-        short_link = fault.kind == "link" and fault.hold_s < self.timeout_s
-        return step == self.recipe.total_steps and (fault.kind == "term" or short_link)
-
     def _prepare(self, attempt: int) -> tuple[list[str], dict[str, str]]:
         self._reset_launch_state()
         self.disk.free()
         self.stand = checkpoint_step(latest_checkpoint(self.run_dir / "checkpoints"))
-        self.current = []
-        base = self.stand
-        while self.queue:
-            if self.current and self.current[-1].ends_launch:
-                break
-            # a restart kill strikes while a launch starts: after a fault this launch survives, the next
-            # fault to arm is the first other one (the restart kill waits for the next launch)
-            later = bool(self.current) and self.queue[0].kind == "restart"
-            index = next((i for i, f in enumerate(self.queue) if f.kind != "restart"), None) if later else 0
-            if index is None:
-                break
-            # a fault that would let the run finish waits while others can strike first (SIGTERM or a
-            # short link outage at the last step): the run ends only once the schedule is done
-            for i in range(index, len(self.queue)):
-                candidate = self.queue[i]
-                resolved_here = self._resolve(candidate, base) if candidate.kind != "restart" else None
-                if candidate.kind == "restart" and later:
-                    continue
-                if resolved_here is None or not self._finishes_run(candidate, resolved_here[0]):
-                    index = i
-                    break
-            fault = self.queue.pop(index)
-            if fault.kind == "restart":
-                armed = Armed(fault, None, "startup", attempt, timeout_s=self.timeout_s)
-                self.current.append(armed)
-                break
-            resolved = self._resolve(fault, base)
-            if resolved is None:
-                self.unplaced.append({**fault.as_dict(), "reason": f"no step after {base} to strike"})
-                continue
-            step, point = resolved
-            armed = Armed(fault, step, point, attempt, timeout_s=self.timeout_s)
-            self.current.append(armed)
-            base = step  # after a fault this launch survives, the next one strikes a later step
+        self.current = [
+            Armed(p.fault, p.step, p.point, attempt, timeout_s=self.timeout_s)
+            for p in self.planner.arm(self.stand)
+        ]
         self.armed.extend(self.current)
         overrides = soak_overrides(
             self.data, self.run_dir, self.optim, self.seed, self.recipe, self.dist,
@@ -649,8 +594,11 @@ class Soak:
         fired = [a for a in self.armed if a.fired_at is not None]
         for armed in self.armed:
             problems += [f"fault {armed.fault.index} ({armed.fault.kind}): {p}" for p in armed.problems]
-        if self.queue:
-            problems.append(f"{len(self.queue)} faults never armed (the run finished first)")
+        if len(fired) < self.count:
+            problems.append(
+                f"{len(fired)} of {self.count} faults struck ({self.planner.drawn} drawn): the run got to "
+                "its end first"
+            )
         bitwise, files = False, 0
         final_step = 0
         try:
@@ -695,7 +643,8 @@ class Soak:
             "optim": self.optim,
             "faults_scheduled": len(schedule),
             "faults_struck": len(fired),
-            "faults_unplaced": self.unplaced,
+            "faults_drawn": self.planner.drawn,  # the schedule's and the reserve's drawn to replace them
+            "faults_unplaced": self.planner.left(),
             "by_kind": dict(sorted(by_kind.items())),
             "by_point": dict(sorted(by_point.items())),
             "skipped_kinds": self.skipped,

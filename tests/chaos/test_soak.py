@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_short_chaos_schedule_ends_bitwise_equal(tiny_data: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("NETNS_PREFIX", "chaost")
-    # seed 8: kill -9 in the gradient allreduce at freeze_step, a flipped shard byte, a stall, a full disk,
-    # SIGTERM while phase 2's first checkpoint is written
+    # seed 8: kill -9 in the gradient allreduce of step 1, a flipped shard byte at freeze_step, a stall in
+    # the first 1-bit exchange, a full disk, SIGTERM while phase 2's first checkpoint is written
     soak = Soak(tmp_path, tiny_data, seed=8, faults=5, recipe=RECIPES["short"])
     summary = soak.run()
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=1))
