@@ -25,6 +25,11 @@ OPT_IN = {"net", "scaling", "fidelity", "gpu"}
 
 
 def main(argv: list[str]) -> None:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print("\nbenchmarks:", ", ".join(n + (" (opt-in)" if n in OPT_IN else "") for n in BENCHMARKS))
+        print("`python -m bench NAME --help` shows one benchmark's options.")
+        return
     names = [a for a in argv if not a.startswith("-")] or [n for n in BENCHMARKS if n not in OPT_IN]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
