@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from data.config import REPO_ROOT
+from tests.chaos import netjob
 from tests.chaos.report import write_table
 from tests.chaos.schedule import KINDS, RECIPES
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from tests.chaos.soak import Soak
 
-    os.environ.setdefault("NETNS_PREFIX", "chaos")
+    os.environ.setdefault("NETNS_PREFIX", netjob.DEFAULT_PREFIX)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     kinds = tuple(k for k in args.kinds.split(",") if k)

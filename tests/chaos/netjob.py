@@ -25,11 +25,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "launch" / "netns.sh"
 REPORTED = (2, 75, 76)
-PREFIX = os.environ.get("NETNS_PREFIX", "h52")
+DEFAULT_PREFIX = "chaos"  # `python -m tests.chaos` sets it when NETNS_PREFIX is unset
+
+
+def prefix() -> str:
+    """The namespaces' prefix, read when it is used: the soak process and the netjob it starts (which
+    inherits the soak's environment) name the same namespaces whenever NETNS_PREFIX was set."""
+    return os.environ.get("NETNS_PREFIX", DEFAULT_PREFIX)
 
 
 def hub(run_id: str) -> str:
-    return f"{PREFIX}-{run_id}-hub"
+    return f"{prefix()}-{run_id}-hub"
 
 
 def link(run_id: str, rank: int, up: bool) -> None:
@@ -39,7 +45,7 @@ def link(run_id: str, rank: int, up: bool) -> None:
 
 
 def _script(*args: str) -> None:
-    env = {**os.environ, "NETNS_PREFIX": PREFIX}
+    env = {**os.environ, "NETNS_PREFIX": prefix()}
     done = subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"netns.sh {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
@@ -69,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 "RANK": str(rank), "WORLD_SIZE": str(args.ranks), "LOCAL_RANK": "0",
                 "MASTER_ADDR": "10.77.0.1", "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "nx0",
             }  # fmt: skip
-            command = ["ip", "netns", "exec", f"{PREFIX}-{args.id}-r{rank}"]
+            command = ["ip", "netns", "exec", f"{prefix()}-{args.id}-r{rank}"]
             command += [sys.executable, "-m", "pretrain", *overrides]
             processes.append(subprocess.Popen(command, env=env, cwd=REPO))
         first_failure: int | None = None
