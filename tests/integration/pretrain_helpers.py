@@ -46,16 +46,22 @@ def parameter_digest(model: torch.nn.Module) -> str:
 
 
 def train_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
-    """fn for run_local: train with `overrides`; -> digest of the parameters and the final state."""
+    """fn for run_local: train with `overrides`; -> digest of the parameters, the final state and whether
+    the trainer kept freed host memory in this process (pretrain/train/host_memory.py)."""
     from dataclasses import asdict
 
     from pretrain.distributed.process_group import init_distributed
+    from pretrain.train import host_memory
     from pretrain.train.trainer import Trainer
 
     cfg = compose_train_config(overrides)
     trainer = Trainer(cfg, init_distributed())
     state = trainer.fit()
-    return {"digest": parameter_digest(trainer.model), "state": asdict(state)}
+    return {
+        "digest": parameter_digest(trainer.model),
+        "state": asdict(state),
+        "kept_host_memory": host_memory.kept(),
+    }
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

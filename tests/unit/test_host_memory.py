@@ -4,6 +4,7 @@ trainer applies it on CPU by default; releasing gives the kept memory back."""
 
 from __future__ import annotations
 
+import functools
 import platform
 import subprocess
 import sys
@@ -11,12 +12,13 @@ import sys
 import pytest
 
 # Allocates, touches and frees a 64 MiB tensor (above glibc's largest mmap threshold) as a training loop
-# does, and prints the page faults of the last three allocations. (glibc's heap needs a few rounds before
-# it reuses a freed block for a same-sized aligned request: small allocations pin the blocks apart.)
+# does, and prints the page faults of the last three allocations; `keep` then releases the kept memory and
+# prints the bytes given back. (glibc's heap needs a few rounds before it reuses a freed block for a
+# same-sized aligned request: small allocations pin the blocks apart.)
 SCRIPT = """
 import resource, sys, torch
 from pretrain.train.host_memory import keep_freed_memory
-if sys.argv[1] in ("keep", "release"):
+if sys.argv[1] == "keep":
     assert keep_freed_memory() and keep_freed_memory()
 faults = []
 for _ in range(16):
@@ -24,35 +26,36 @@ for _ in range(16):
     buffer = torch.ones(16 * 2**20)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     del buffer
-if sys.argv[1] == "release":
+print(sum(faults[-3:]))
+if sys.argv[1] == "keep":
     from pretrain.train.host_memory import release_freed_memory
     import psutil
     kept = psutil.Process().memory_info().rss
     assert release_freed_memory()
     print(kept - psutil.Process().memory_info().rss)  # bytes given back
-else:
-    print(sum(faults[-3:]))
 """
 
 
-def _script(mode: str) -> int:
-    """SCRIPT's last line: page faults of the last three allocations, or (release) the bytes given back."""
+@functools.cache
+def _script(mode: str) -> tuple[int, ...]:
+    """SCRIPT's output: page faults of the last three allocations and (keep) then the bytes that releasing
+    the kept memory gave back. Cached: one process per mode, shared by the tests."""
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True, timeout=120
     )
-    return int(result.stdout.strip().splitlines()[-1])
+    return tuple(int(line) for line in result.stdout.strip().splitlines())
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_a_freed_large_buffer_is_reused_without_page_faults():
     pages = 64 * 2**20 // 4096
-    assert _script("default") > 3 * pages // 2  # the mechanism: every allocation maps fresh pages
-    assert _script("keep") < 3 * pages // 100
+    assert _script("default")[0] > 3 * pages // 2  # the mechanism: every allocation maps fresh pages
+    assert _script("keep")[0] < 3 * pages // 100
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_releasing_gives_the_kept_memory_back():
-    assert _script("release") >= 48 * 2**20  # the 64 MiB block the loop freed last, kept until then
+    assert _script("keep")[1] >= 48 * 2**20  # the 64 MiB block the loop freed last, kept until then
 
 
 TRAINER = """
@@ -71,7 +74,11 @@ print(host_memory.kept())
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 @pytest.mark.parametrize(
     ("overrides", "kept"),
-    [([], "True"), pytest.param(["keep_host_memory=false"], "False", marks=pytest.mark.slow)],
+    # `make test`: the default is checked on the ranks of tests/integration/test_pretrain.py's 2-rank run
+    [
+        pytest.param([], "True", marks=pytest.mark.slow),
+        pytest.param(["keep_host_memory=false"], "False", marks=pytest.mark.slow),
+    ],
 )
 def test_a_cpu_trainer_keeps_freed_memory_by_default(tiny_data, tmp_path, repo_root, overrides, kept):
     # on by default: the same peak memory per rank in a one-optimizer run, no page faults per step (module

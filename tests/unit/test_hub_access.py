@@ -76,8 +76,14 @@ def test_offline_mode_asks_the_cache_and_turns_its_miss_into_one_line(monkeypatc
     assert hub_access.load_from_hub(lambda: "cached", "org/dataset", "x") == "cached"
 
 
+# each case is a `python -m data.prepare` process: `make test` runs the offline variable (the cluster recipe);
+# an unreachable endpoint is checked in process above (test_unreachable_hub_fails_before_asking_it)
 @pytest.mark.parametrize(
-    "env", [{"HF_DATASETS_OFFLINE": "1"}, {"HF_ENDPOINT": "https://hub.nonexistent.invalid"}]
+    "env",
+    [
+        {"HF_DATASETS_OFFLINE": "1"},
+        pytest.param({"HF_ENDPOINT": "https://hub.nonexistent.invalid"}, marks=pytest.mark.slow),
+    ],
 )
 def test_prepare_from_the_hub_offline_is_one_line_and_fast(tmp_path, env):
     """The headline data step on an offline node: exit 2 within seconds, one line naming the dataset
