@@ -86,8 +86,9 @@ class Recipe:
         return "exchange" if optim.startswith("onebit") and step > self.freeze_step else "grad_allreduce"
 
 
-# the demo recipe as it is (40 + 10 steps, freeze_step 12): `make chaos`'s, where 50 faults fit (on the
-# short one, the run gets to its end after about 40: SIGTERMs, flips and short outages move it on)
+# the demo recipe as it is (40 + 10 steps, freeze_step 12): `make chaos`'s, where the 50 faults of a
+# schedule fit (on the short one the run reaches its last steps after about 40: SIGTERMs, flips and short
+# outages move it on, and the Planner draws from the reserve)
 SHORT = Recipe()
 DEMO = Recipe(phase1_steps=40, phase2_steps=10, freeze_step=12, overrides=())
 RECIPES = {"short": SHORT, "demo": DEMO}
