@@ -15,6 +15,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -23,6 +24,8 @@ from pretrain.distributed.liveness import Heartbeat, describe
 from pretrain.distributed.process_group import DistributedEnv
 
 
+# slow tier: it waits out the diagnosis's 15 s bound (wall time, ~2 s of CPU)
+@pytest.mark.slow
 def test_a_stopped_store_host_does_not_hang_the_survivor(tmp_path: Path):
     code = (
         "import sys, time, torch.distributed as d; "
