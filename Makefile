@@ -32,9 +32,9 @@ PRETRAIN_DATA := $(or $(DATA),wikipedia_bookcorpus)
 endif
 PYTEST_ARGS ?=
 # Test tiers (pytest marker `slow`, pyproject.toml). `make test`: the fast tier, to run after every change: every
-# package at the unit level and one quick run of each multi-process and end-to-end flow (995 of 1128 tests). On a
-# fresh clone, 2 cores at load 5-13: 2240 s with the venv and a cold numba cache, 895 s warm; 350 s of CPU warm,
-# ~300-320 s on 2 idle cores (docs/testing.md). `make test-all` (= `make test SLOW=1`; CI: .ci/run): the slow tier too.
+# package at the unit level and one quick run of each multi-process and end-to-end flow (994 of 1128 tests). On a
+# fresh clone, 2 otherwise idle cores: 454 s with the venv and cold numba/compile caches, 285 s warm
+# (docs/testing.md). `make test-all` (= `make test SLOW=1`; CI: .ci/run): the slow tier too.
 SLOW   ?= 0
 PYTEST_MARK := $(if $(filter 0,$(SLOW)),-m "not slow",)
 
@@ -42,7 +42,7 @@ PYTEST_MARK := $(if $(filter 0,$(SLOW)),-m "not slow",)
 
 help:
 	@echo "make demo      whole pipeline at tiny scale on ../shared/data (creates .venv)"
-	@echo "make test      the fast tier, after every change (fresh clone, 2 busy cores: 37 min, 15 warm; SLOW=1: as make test-all)"
+	@echo "make test      the fast tier, after every change (fresh clone, 2 cores: 7.6 min, 4.8 warm; SLOW=1: as make test-all)"
 	@echo "make test-all  every test, the slow tier included (what CI runs)"
 	@echo "make prepare   DATA=<sample|tiny|wikipedia_bookcorpus> ARGS='hydra overrides'"
 	@echo "make pretrain  BATCH=<demo|8k|16k|32k|64k> OPT=<lamb|onebit_lamb|onebit_lamb_deepspeed|adamw|onebit_adam> MODEL=... NPROC=..."
