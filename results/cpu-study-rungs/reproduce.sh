@@ -32,7 +32,9 @@
 #   report      keep the runs' small files in results/cpu-study/runs/, `make compare` of the best-LR
 #               runs (results/cpu-study-<rung>/report.md), the records (python -m bench fidelity)
 # DRY=1 lists the pretraining runs still to do (sweeps: the planned LRs) and runs nothing; MAX_RUNS=<n> stops
-# after n pretraining runs. Every run is started under `nice -n ${NICE:-19}` (a shared 2-core machine).
+# after n pretraining runs; ONLY=<extended regex> runs only the pretraining runs whose name matches (the others
+# are left pending), to take the runs a target needs first. Every run is started under `nice -n ${NICE:-19}`
+# (a shared 2-core machine).
 #   results/cpu-study-rungs/reproduce.sh                                      # everything, both rungs
 #   RUNGS=b STAGES="lamb_sweep adamw_sweep report" results/cpu-study-rungs/reproduce.sh   # a subset
 #   DRY=1 RUNGS=m results/cpu-study-rungs/reproduce.sh                        # what is pending
@@ -90,6 +92,7 @@ pretrain() {
   local arm=$1 lr=$2 workers=$3 seed=$4
   local run="cpu-rung-$RUNG-$arm-lr$lr-$workers-s$seed"
   [[ -f results/runs/$run/summary.json ]] && return 0
+  if [[ -n ${ONLY:-} && ! $run =~ $ONLY ]]; then return 0; fi
   if [[ -n ${MAX_RUNS:-} ]] && (( STARTED >= MAX_RUNS )); then exit 0; fi
   if (( DRY )); then
     [[ -n ${LISTED[$run]:-} ]] || echo "pending $run"
@@ -133,6 +136,7 @@ tune() {
   while true; do
     read -r _ next <<< "$($PY -m bench.fidelity_rungs best-lr "$RUNG" "$optimizer" results/runs)"
     [[ $next == - ]] && return 0
+    if [[ -n ${ONLY:-} && ! cpu-rung-$RUNG-$optimizer-lr$next-n2-s1 =~ $ONLY ]]; then return 0; fi
     if [[ $next == "$previous" ]]; then echo "reproduce.sh: $optimizer at LR $next did not finish" >&2; exit 1; fi
     pretrain "$optimizer" "$next" n2 1
     previous=$next
