@@ -14,6 +14,26 @@ import torch.distributed as dist
 PREEMPTED_EXIT_CODE = 75  # checkpoint written on SIGTERM/SIGUSR1; resume with resume=auto
 
 
+def preemption_signals() -> list[signal.Signals]:
+    """The signals that ask for a checkpoint: SIGTERM, SIGUSR1, and submitit's preemption signal under it."""
+    signums = [signal.SIGTERM, signal.SIGUSR1]
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        signums.append(getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")))
+    return signums
+
+
+def ignore_in_data_worker(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: a data worker ignores the preemption signals; the trainer acts on them.
+
+    They often reach the whole process group or job step, the data workers too: torchrun's agent sends its
+    own SIGTERM to each worker's process group, Slurm signals every process of a step on cancel or
+    preemption, `kill -- -PGID` does. torch's worker exits on SIGTERM from anyone but its parent, and the
+    trainer then fails with "DataLoader worker ... is killed by signal" inside the checkpoint it was asked to
+    write. Ignoring costs nothing at the end: a worker stops when its loader does or its parent exits."""
+    for signum in preemption_signals():
+        signal.signal(signum, signal.SIG_IGN)
+
+
 class Preempted(Exception):
     """Raised after the checkpoint on SIGTERM/SIGUSR1 has been written."""
 
@@ -28,9 +48,7 @@ class PreemptionSignals:
         self._previous_handlers: dict[int, Any] = {}
 
     def install(self) -> None:
-        signums = [signal.SIGTERM, signal.SIGUSR1]
-        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-            signums.append(getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")))
+        signums = preemption_signals()
 
         def handler(signum, frame):
             if self.received is None:  # the first one decides

@@ -22,6 +22,7 @@ from data.dataset import PretrainingDataset, ResumableDistributedSampler
 from data.documents import DataError
 from data.masking import MaskingCollator
 from data.shards import load_manifest
+from pretrain.distributed.preemption import ignore_in_data_worker
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class PhaseData:
             # resumed run's dropout masks would differ from the uninterrupted run's
             generator=torch.Generator().manual_seed(seed),
             persistent_workers=False,
+            worker_init_fn=ignore_in_data_worker,  # a signal to the process group is the trainer's to act on
         )
         self._iterator: Iterator[dict[str, torch.Tensor]] | None = None
 

@@ -230,6 +230,49 @@ def test_elastic_shows_torchruns_table_for_a_crash(tmp_path: Path, code: int, ex
     assert "Traceback" not in result.stderr, result.stderr
 
 
+SIGNALLED_WORKER = """
+import os, pathlib, signal, sys, time
+
+def checkpoint(signum, frame):
+    print(f"worker: {signal.Signals(signum).name}: checkpoint written", file=sys.stderr, flush=True)
+    sys.exit(75)
+
+if sys.argv[1] == "checkpoints":
+    signal.signal(signal.SIGTERM, checkpoint)
+pathlib.Path(sys.argv[2], os.environ["RANK"]).touch()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "exit_code"), [("checkpoints", 75), pytest.param("dies", 128 + 15, marks=pytest.mark.slow)]
+)
+def test_elastic_signalled_keeps_the_workers_checkpoint_exit(tmp_path: Path, behaviour: str, exit_code: int):
+    """SIGTERM to the agent (kill, a container runtime): it passes the signal on; workers that checkpoint
+    make it exit 75 with their own lines, no traceback; workers that die of it, one line and 143."""
+    worker, ready = tmp_path / "worker.py", tmp_path / "ready"
+    worker.write_text(SIGNALLED_WORKER)
+    ready.mkdir()
+    command = [VENV_PYTHON, "-m", "launch.elastic", "--standalone", "--nproc-per-node", "2"]
+    agent = subprocess.Popen(
+        [*command, str(worker), behaviour, str(ready)],
+        cwd=REPO_ROOT, env=clean_env(OMP_NUM_THREADS="1"), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 100
+    while len(list(ready.iterdir())) < 2 and agent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    agent.send_signal(signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=100)
+    assert agent.returncode == exit_code, stderr
+    assert "Traceback" not in stderr, stderr
+    if behaviour == "checkpoints":
+        assert stderr.count("worker: SIGTERM: checkpoint written") == 2, stderr
+    else:
+        codes = "local rank 0: -15, local rank 1: -15"
+        last = stderr.strip().splitlines()[-1]
+        assert last == f"launch.elastic: SIGTERM: the workers stopped without a checkpoint ({codes})", stderr
+
+
 @pytest.mark.slow
 def test_a_worker_error_after_the_preflight_is_its_own_line(tmp_path: Path):
     """An error the pre-flight cannot decide (the data is not prepared) from the workers: each rank's one

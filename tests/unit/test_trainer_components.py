@@ -4,6 +4,7 @@ step counters and metrics, preemption signals, where a resume starts."""
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,24 @@ def test_a_resume_starts_nowhere_at_the_newest_checkpoint_or_at_a_named_folder(t
     assert _checkpointer(tmp_path, str(tmp_path)).resume_path() == tmp_path
     with pytest.raises(CheckpointError, match="is not a checkpoint folder"):
         _checkpointer(tmp_path, str(tmp_path / "missing")).resume_path()
+
+
+def test_a_data_worker_outlives_a_preemption_signal_to_its_process_group(tiny_data: Path):
+    """torchrun's agent, Slurm's cancel and `kill -- -PGID` signal the data workers too: they must leave the
+    signal to the trainer (torch's own worker dies of a SIGTERM sent by anyone but its parent, and the
+    trainer then fails inside the checkpoint the signal asked for)."""
+    import subprocess
+
+    from pretrain.train.phase_data import PhaseData, phase_folder
+
+    data = PhaseData(
+        phase_folder(tiny_data, 128), global_batch=2, micro_batch=1, rank=0, world_size=1, seed=1,
+        num_workers=1, vocab_size=None,
+    )  # fmt: skip
+    first = data.next_step(2)
+    workers = data._iterator._workers  # type: ignore[union-attr]
+    for name in ("TERM", "USR1"):  # from another process, as the agent or Slurm sends them
+        subprocess.run(["kill", f"-{name}", *(str(worker.pid) for worker in workers)], check=True)
+    time.sleep(0.5)
+    assert all(worker.is_alive() for worker in workers)
+    assert [len(batch["input_ids"]) for batch in first + data.next_step(2)] == [1] * 4
