@@ -150,12 +150,19 @@ class RungRun:
         return f"n{self.workers}" + ("sim" if self.simulated else "")
 
 
+# cpu-rung-<rung>-abl-<what>-...: an arm with one option changed (the reports' ablations)
+ABLATION_TAG = "abl"
+
+
 def finished_run_folders(runs_dir: Path, rung: Rung) -> list[Path]:
-    """The rung's pretraining runs that finished (summary.json written), the floor left out."""
+    """The rung's pretraining runs that finished (summary.json written), the floor and the ablations left out:
+    an ablation runs an arm's optimizer with one option changed, and would count as that arm."""
     return sorted(
         folder
         for folder in runs_dir.glob(f"cpu-rung-{rung.key}-*")
-        if (folder / "summary.json").is_file() and (folder / "config.yaml").is_file()
+        if (folder / "summary.json").is_file()
+        and (folder / "config.yaml").is_file()
+        and not folder.name.startswith(f"cpu-rung-{rung.key}-{ABLATION_TAG}-")
     )
 
 

@@ -126,6 +126,10 @@ def test_ratio_records_against_lamb_at_its_best_lr(tmp_path: Path):
     write_run(tmp_path, "onebit_lamb", "3e-2", "sim32", 1, 4.2)
     write_run(tmp_path, "onebit_lamb", "1e-2", "n2", 1, 4.5)  # a neighbouring LR: its own record
     write_run(tmp_path, "onebit_lamb", "3e-2", "sim64", 1, 4.3, finished=False)  # still running: not counted
+    write_run(tmp_path, "abl-freeze160-onebit_lamb", "3e-2", "n2", 1, 3.0)  # an ablation: not the arm's
+    ablation_config = tmp_path / f"cpu-rung-{RUNG.key}-abl-freeze160-onebit_lamb-lr3e-2-n2-s1" / "config.yaml"
+    config_text = ablation_config.read_text().replace("abl-freeze160-onebit_lamb", "onebit_lamb")
+    ablation_config.write_text(config_text)  # the optimizer's own name, as a real ablation's config has
     records = records_of(tmp_path)
     lamb_mean = (4.0 + 4.2 + 4.1) / 3  # seeds 1-3 at 3e-2; the sweep's other LRs are not the peer
     default = records["final_mlm_loss_ratio_onebit_lamb_bert_tiny_b1024_n2"]
