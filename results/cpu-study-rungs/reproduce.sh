@@ -93,10 +93,13 @@ children_cpu() {  # children_cpu <`times` output>: its second line (children: us
     printf "%d", t }'
 }
 
+run_name() { echo "cpu-rung-$RUNG-$1-lr$2-$3-s$4"; }  # run_name <arm> <lr> <workers> <seed>
+
 # pretrain <arm> <lr> <workers: n2 | sim32 | sim64> <seed>
 pretrain() {
   local arm=$1 lr=$2 workers=$3 seed=$4
-  local run="cpu-rung-$RUNG-$arm-lr$lr-$workers-s$seed"
+  local run
+  run=$(run_name "$arm" "$lr" "$workers" "$seed")
   [[ -f results/runs/$run/summary.json ]] && return 0
   if [[ -n ${ONLY:-} && ! $run =~ $ONLY ]]; then return 0; fi
   if [[ -n ${MAX_RUNS:-} ]] && (( STARTED >= MAX_RUNS )); then exit 0; fi
@@ -142,7 +145,7 @@ tune() {
   while true; do
     read -r _ next <<< "$($PY -m bench.fidelity_rungs best-lr "$RUNG" "$optimizer" results/runs)"
     [[ $next == - ]] && return 0
-    if [[ -n ${ONLY:-} && ! cpu-rung-$RUNG-$optimizer-lr$next-n2-s1 =~ $ONLY ]]; then return 0; fi
+    if [[ -n ${ONLY:-} && ! $(run_name "$optimizer" "$next" n2 1) =~ $ONLY ]]; then return 0; fi
     if [[ $next == "$previous" ]]; then echo "reproduce.sh: $optimizer at LR $next did not finish" >&2; exit 1; fi
     pretrain "$optimizer" "$next" n2 1
     previous=$next

@@ -63,6 +63,14 @@ class Segment:
     outcome: Outcome | None = field(default=None, repr=False)
 
 
+def job_env() -> dict[str, str]:
+    """A job's environment: this one without an outer torchrun's or an earlier fault's variables, one thread
+    per rank, unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "BERT_LAMB_TEST_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
 def torchrun(
     overrides: list[str],
     log_path: Path,
@@ -78,8 +86,7 @@ def torchrun(
     With a job-scope fault, SIGKILL every process of the job (agent and workers at once) as soon as
     the faulting rank reports it reached the fault point. `on_poll(seconds since start)` runs every
     50 ms while the job runs (watch its files, fill a disk)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "BERT_LAMB_TEST_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = job_env()
     if fault:
         env["BERT_LAMB_TEST_FAULT"] = fault
     if fault_file is not None:

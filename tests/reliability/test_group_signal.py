@@ -7,7 +7,6 @@ way every rank must write its checkpoint and the launcher exit 75, with DataLoad
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 from data.config import REPO_ROOT
 from pretrain.checkpoint import latest_checkpoint
 from tests.integration.pretrain_helpers import tiny_run_overrides
+from tests.reliability.harness import job_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
@@ -30,8 +30,7 @@ def test_sigterm_to_the_job_checkpoints_every_rank_and_exits_75(tiny_data: Path,
     overrides = tiny_run_overrides(tiny_data, run_dir, "lamb", "num_workers=2")
     command = [sys.executable, "-m", "launch.elastic", "--standalone", "--nproc-per-node", "2"]
     command += ["--monitor-interval", "0.2", "-m", "pretrain", *overrides]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "BERT_LAMB_TEST_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = job_env()
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
         job = subprocess.Popen(

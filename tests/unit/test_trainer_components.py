@@ -4,6 +4,7 @@ step counters and metrics, preemption signals, where a resume starts."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -173,8 +174,6 @@ def test_a_data_worker_outlives_a_preemption_signal_to_its_process_group(tiny_da
     """torchrun's agent, Slurm's cancel and `kill -- -PGID` signal the data workers too: they must leave the
     signal to the trainer (torch's own worker dies of a SIGTERM sent by anyone but its parent, and the
     trainer then fails inside the checkpoint the signal asked for)."""
-    import subprocess
-
     from pretrain.train.phase_data import PhaseData, phase_folder
 
     data = PhaseData(
