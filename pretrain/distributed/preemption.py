@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 import torch
@@ -23,15 +24,28 @@ def preemption_signals() -> list[signal.Signals]:
 
 
 def ignore_in_data_worker(worker_id: int) -> None:
-    """DataLoader `worker_init_fn`: a data worker ignores the preemption signals; the trainer acts on them.
+    """DataLoader `worker_init_fn`: a data worker leaves the preemption signals to the trainer, except its
+    parent's SIGTERM, which stops it as torch's own worker stops.
 
-    They often reach the whole process group or job step, the data workers too: torchrun's agent sends its
-    own SIGTERM to each worker's process group, Slurm signals every process of a step on cancel or
-    preemption, `kill -- -PGID` does. torch's worker exits on SIGTERM from anyone but its parent, and the
+    The signals often reach the whole process group or job step, the data workers too: torchrun's agent
+    sends its own SIGTERM to each worker's process group, Slurm signals every process of a step on cancel or
+    preemption, `kill -- -PGID` does. torch's worker dies of a SIGTERM from anyone but its parent, and the
     trainer then fails with "DataLoader worker ... is killed by signal" inside the checkpoint it was asked to
-    write. Ignoring costs nothing at the end: a worker stops when its loader does or its parent exits."""
-    for signum in preemption_signals():
-        signal.signal(signum, signal.SIG_IGN)
+    write. Its parent's SIGTERM must still stop it: the loader's shutdown and multiprocessing's exit handler
+    terminate a worker still alive and then wait for it (a trainer leaving on an error would wait forever).
+    Python's handlers do not see the sender, so the signals are blocked and a thread takes them with
+    `sigwaitinfo`, which does."""
+    signums = set(preemption_signals())
+    signal.pthread_sigmask(signal.SIG_BLOCK, signums)  # this thread and every one started after it
+    parent = os.getppid()
+
+    def take() -> None:
+        while True:
+            info = signal.sigwaitinfo(signums)
+            if info.si_signo == signal.SIGTERM and info.si_pid == parent:
+                os._exit(0)
+
+    threading.Thread(target=take, name="data-worker-signals", daemon=True).start()
 
 
 class Preempted(Exception):

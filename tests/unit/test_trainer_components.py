@@ -187,3 +187,20 @@ def test_a_data_worker_outlives_a_preemption_signal_to_its_process_group(tiny_da
     time.sleep(0.5)
     assert all(worker.is_alive() for worker in workers)
     assert [len(batch["input_ids"]) for batch in first + data.next_step(2)] == [1] * 4
+
+
+def test_a_data_worker_still_stops_on_its_parents_sigterm(tiny_data: Path):
+    """The loader's shutdown and multiprocessing's exit handler terminate a live worker and then wait for
+    it: a worker ignoring its parent's SIGTERM too would hang a trainer leaving on an error."""
+    from pretrain.train.phase_data import PhaseData, phase_folder
+
+    data = PhaseData(
+        phase_folder(tiny_data, 128), global_batch=2, micro_batch=1, rank=0, world_size=1, seed=1,
+        num_workers=1, vocab_size=None,
+    )  # fmt: skip
+    data.next_step(2)
+    (worker,) = data._iterator._workers  # type: ignore[union-attr]
+    worker.terminate()  # SIGTERM from this process, the worker's parent
+    worker.join(timeout=10)
+    assert worker.exitcode == 0
+    data.close()
