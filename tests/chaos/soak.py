@@ -441,8 +441,9 @@ class Soak:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
                 self.stalled = None
-        if self.link_up_at is not None and now >= self.link_up_at[0]:
-            self._link(self.link_up_at[1], up=True)
+        # a failed `ip` command leaves link_up_at set: the next tick tries again
+        due = self.link_up_at is not None and now >= self.link_up_at[0]
+        if due and self._link(self.link_up_at[1], up=True):  # type: ignore[index]
             self.link_up_at = None
         first = self.current[0] if self.current else None
         restart = first is not None and first.fault.kind == "restart" and first.fired_at is None
@@ -467,9 +468,18 @@ class Soak:
                         return child
         return None
 
-    def _link(self, rank: int, up: bool) -> None:
+    def _link(self, rank: int, up: bool) -> bool:
+        """Rank `rank`'s cable down or up; a failed `ip` command is a problem of the soak, not a crash of it
+        (the launch goes on, and its record says what the network did)."""
         assert self.net_id is not None
-        netjob.link(self.net_id, rank, up)
+        try:
+            netjob.link(self.net_id, rank, up)
+        except (OSError, subprocess.SubprocessError) as error:
+            problem = f"link {'up' if up else 'down'} for rank {rank} failed: {error}"
+            if problem not in self.problems:
+                self.problems.append(problem)
+            return False
+        return True
 
     def _act(self, words: list[str]) -> None:
         """A rank holds at a fault point: do the fault from outside, then let it go on."""
@@ -495,8 +505,8 @@ class Soak:
             size = sum(p.stat().st_size for p in newest.rglob("*") if p.is_file()) if newest else 2**20
             self.disk.fill(leave_free=size // 3)
         elif kind == "link":
-            self._link(1, up=False)  # rank 1's cable: the only link between the two ranks
-            self.link_up_at = (time.monotonic() + armed.fault.hold_s, 1)
+            if self._link(1, up=False):  # rank 1's cable: the only link between the two ranks
+                self.link_up_at = (time.monotonic() + armed.fault.hold_s, 1)
         elif kind == "flip":
             # the shard the next step reads: phase 2's when the fault is at phase 1's last step
             folder = "seq128" if step < self.recipe.phase1_steps else "seq512"
@@ -513,8 +523,7 @@ class Soak:
                 os.kill(self.stalled[0], signal.SIGCONT)
             self.stalled = None
         if self.link_up_at is not None:
-            with contextlib.suppress(Exception):
-                self._link(self.link_up_at[1], up=True)
+            self._link(self.link_up_at[1], up=True)
             self.link_up_at = None
         for shard in self.flipped:
             flip_byte(shard)
