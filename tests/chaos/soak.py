@@ -48,7 +48,7 @@ from pretrain.checkpoint import CHECKSUMS, STEP_DIR, latest_checkpoint, list_che
 from tests.chaos import netjob
 from tests.chaos.schedule import KINDS, SHORT, ChaosFault, Planner, Recipe
 from tests.integration.pretrain_helpers import tiny_run_overrides
-from tests.reliability.harness import checkpoint_digests, compare_trajectories, read_metrics
+from tests.reliability.harness import checkpoint_digests, compare_trajectories, job_env, read_metrics
 
 FAULT_ENV, FILE_ENV = "BERT_LAMB_TEST_FAULT", "BERT_LAMB_TEST_FAULT_FILE"
 HOLD_KINDS = ("stall", "disk", "link", "flip")
@@ -218,7 +218,7 @@ def reference_run(
     started = time.monotonic()
     with open(out / "log", "w") as log:
         done = subprocess.run(
-            torchrun_command(overrides), cwd=REPO_ROOT, env=job_env({}), stdout=log, stderr=subprocess.STDOUT,
+            torchrun_command(overrides), cwd=REPO_ROOT, env=job_env(), stdout=log, stderr=subprocess.STDOUT,
             timeout=1800,
         )  # fmt: skip
     if done.returncode != 0:
@@ -231,11 +231,6 @@ def reference_run(
 def torchrun_command(overrides: list[str]) -> list[str]:
     command = [sys.executable, "-m", "launch.elastic", "--standalone", "--nproc-per-node", "2"]
     return [*command, "--max-restarts", "0", "--monitor-interval", "0.2", "-m", "pretrain", *overrides]
-
-
-def job_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "BERT_LAMB_TEST_"))}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
 
 
 class Soak:

@@ -63,12 +63,11 @@ class Segment:
     outcome: Outcome | None = field(default=None, repr=False)
 
 
-def job_env() -> dict[str, str]:
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """A job's environment: this one without an outer torchrun's or an earlier fault's variables, one thread
-    per rank, unbuffered output."""
+    per rank, unbuffered output, then `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "BERT_LAMB_TEST_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 def torchrun(

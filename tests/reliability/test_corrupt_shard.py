@@ -32,7 +32,7 @@ import torch
 from data.config import REPO_ROOT
 from data.dataset import SHARD_CHECK_INTERVAL_S
 from pretrain.checkpoint import STEP_DIR, latest_checkpoint, load_checkpoint
-from tests.reliability.harness import kill_tree, pretrain_overrides, read_metrics
+from tests.reliability.harness import job_env, kill_tree, pretrain_overrides, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
@@ -51,8 +51,7 @@ def test_flipped_shard_byte_stops_the_job_with_one_line(tiny_data: Path, tmp_pat
     run_dir = tmp_path / "run"
     log_path = tmp_path / "job.log"
     overrides = pretrain_overrides(data, run_dir, f"num_workers={NUM_WORKERS}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "BERT_LAMB_TEST_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = job_env()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     command += ["--max-restarts", "0", "--monitor-interval", "0.2", "-m", "pretrain", *overrides]
     started = time.monotonic()

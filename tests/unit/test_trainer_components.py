@@ -170,16 +170,21 @@ def test_a_resume_starts_nowhere_at_the_newest_checkpoint_or_at_a_named_folder(t
         _checkpointer(tmp_path, str(tmp_path / "missing")).resume_path()
 
 
+def _one_worker_data(tiny_data: Path):
+    """Phase 1's data on one rank, micro-batches of 1 from one DataLoader worker."""
+    from pretrain.train.phase_data import PhaseData, phase_folder
+
+    return PhaseData(
+        phase_folder(tiny_data, 128), global_batch=2, micro_batch=1, rank=0, world_size=1, seed=1,
+        num_workers=1, vocab_size=None,
+    )  # fmt: skip
+
+
 def test_a_data_worker_outlives_a_preemption_signal_to_its_process_group(tiny_data: Path):
     """torchrun's agent, Slurm's cancel and `kill -- -PGID` signal the data workers too: they must leave the
     signal to the trainer (torch's own worker dies of a SIGTERM sent by anyone but its parent, and the
     trainer then fails inside the checkpoint the signal asked for)."""
-    from pretrain.train.phase_data import PhaseData, phase_folder
-
-    data = PhaseData(
-        phase_folder(tiny_data, 128), global_batch=2, micro_batch=1, rank=0, world_size=1, seed=1,
-        num_workers=1, vocab_size=None,
-    )  # fmt: skip
+    data = _one_worker_data(tiny_data)
     first = data.next_step(2)
     workers = data._iterator._workers  # type: ignore[union-attr]
     for name in ("TERM", "USR1"):  # from another process, as the agent or Slurm sends them
@@ -192,12 +197,7 @@ def test_a_data_worker_outlives_a_preemption_signal_to_its_process_group(tiny_da
 def test_a_data_worker_still_stops_on_its_parents_sigterm(tiny_data: Path):
     """The loader's shutdown and multiprocessing's exit handler terminate a live worker and then wait for
     it: a worker ignoring its parent's SIGTERM too would hang a trainer leaving on an error."""
-    from pretrain.train.phase_data import PhaseData, phase_folder
-
-    data = PhaseData(
-        phase_folder(tiny_data, 128), global_batch=2, micro_batch=1, rank=0, world_size=1, seed=1,
-        num_workers=1, vocab_size=None,
-    )  # fmt: skip
+    data = _one_worker_data(tiny_data)
     data.next_step(2)
     (worker,) = data._iterator._workers  # type: ignore[union-attr]
     worker.terminate()  # SIGTERM from this process, the worker's parent
