@@ -30,7 +30,8 @@ record without runs on both sides is not written.
 `python -m bench.fidelity_rungs` answers the study script: `spec <rung>` (its settings, as shell
 assignments), `best-lr <rung> <optimizer> <runs folder>` (the best LR so far, and the next LR to run or `-`),
 `lr-neighbours <lr>` (the LRs x3 below and above), `deepspeed-seeds <rung> <runs folder>` (the worker counts
-where DeepSpeed's seed 1 is within 2 LAMB std of the target, so that it gets seeds 2-3).
+where DeepSpeed's seed 1 is at most 2 LAMB std above the target, so that it gets seeds 2-3), `ft-lr <rung>
+[<folder>]` (SST-2's LR for the rung's fine-tunes from its LR check, and the next LR to check or `-`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ SEEDS = 3
 TARGET = "<= 1.01 (3-seed means, 2 real and >= 32 simulated workers)"
 DOWNSTREAM_TASK = "sst2"
 MAX_EXTRA_LRS = 2  # LRs added beyond an edge of the planned sweep
+FINETUNE_LRS = ("3e-4", "1e-3", "3e-3")  # SST-2's LR check per rung; 1e-3 is the seq-32 study's recipe
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,20 @@ def sweep(runs: Sequence[RungRun], rung: Rung, optimizer: str) -> Sweep:
     return Sweep(optimizer, planned, losses)
 
 
+def finetune_sweep(rung: Rung, folder: Path | None = None) -> Sweep:
+    """The SST-2 LR check (the study script's stage `ft_lr`): LAMB's seed-1 checkpoint at its best LR
+    fine-tuned at each LR into `<folder>/finetune-lr<LR>/cpu-rung-<key>-lamb-.../` (folder: the rung's
+    report). An LR sweep whose "loss" is minus the dev accuracy: the planned `FINETUNE_LRS`, then one LR
+    beyond an edge."""
+    scores: dict[str, float | None] = {}
+    for path in sorted(
+        (folder or rung.folder).glob(f"finetune-lr*/cpu-rung-{rung.key}-lamb-*/all_results.json")
+    ):
+        lr = path.parent.parent.name.removeprefix("finetune-lr")
+        scores[lr] = -statistics.fmean(read_finetune_result(path).scores.values())
+    return Sweep("finetune", FINETUNE_LRS, scores)
+
+
 def lamb_best(runs: Sequence[RungRun], rung: Rung) -> str:
     """LAMB's best LR so far, or the recipe's before any LAMB run (the provisional choice)."""
     return sweep(runs, rung, "lamb").best or rung.recipe_lr
@@ -484,8 +500,11 @@ def all_rung_records() -> list[Record]:
 
 # -- answers for the study script -------------------------------------------------------------------------
 def deepspeed_seed_workers(runs: Sequence[RungRun], rung: Rung) -> list[str]:
-    """Worker counts where DeepSpeed's seed-1 final MLM loss is within 2 LAMB seed std of the target (1.01 x
-    LAMB's mean): the issue runs its seeds 2-3 there. Needs LAMB's three seeds at its best LR."""
+    """Worker counts where DeepSpeed's seed-1 final MLM loss is at most 2 LAMB seed std above the target
+    (1.01 x LAMB's mean): the issue runs its seeds 2-3 there. A seed-1 loss far below the target counts too:
+    DeepSpeed's seeds spread far more than LAMB's (rung b, 2 processes: 0.940x-1.020x LAMB's mean, std 11x
+    LAMB's), so one seed cannot tell which side of the target the arm is on. Needs LAMB's three seeds at its
+    best LR."""
     best = lamb_best(runs, rung)
     losses = _losses(select(runs, "lamb", lr=best))
     if len(losses) < SEEDS:
@@ -529,6 +548,9 @@ def main(argv: list[str] | None = None) -> None:
     more = commands.add_parser("deepspeed-seeds", help="worker counts that get DeepSpeed's seeds 2-3")
     more.add_argument("rung", choices=sorted(RUNGS))
     more.add_argument("runs", type=Path)
+    finetune = commands.add_parser("ft-lr", help="'<SST-2 LR so far> <next LR to check or ->'")
+    finetune.add_argument("rung", choices=sorted(RUNGS))
+    finetune.add_argument("folder", type=Path, nargs="?", help="the check's fine-tunes (the report's)")
     args = parser.parse_args(argv)
     if args.command == "lr-neighbours":
         print(lr_neighbour(args.lr, up=False), lr_neighbour(args.lr, up=True))
@@ -536,6 +558,10 @@ def main(argv: list[str] | None = None) -> None:
     rung = RUNGS[args.rung]
     if args.command == "spec":
         print(_spec(rung))
+        return
+    if args.command == "ft-lr":
+        check = finetune_sweep(rung, args.folder)
+        print(check.best or FINETUNE_LRS[len(FINETUNE_LRS) // 2], check.next_lr or "-")
         return
     runs = load_rung_runs(args.runs, rung) if args.runs.is_dir() else []
     if args.command == "best-lr":

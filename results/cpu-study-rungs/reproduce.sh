@@ -27,10 +27,11 @@
 #               freeze_step 160 (SEEDS) and 120 (seed 1): cpu-rung-b-abl-<what>-onebit_lamb-...
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
-#               FT_LRS (default 3e-4 1e-3 3e-3) -> results/cpu-study-<rung>/finetune-lr<LR>/ (outside the runs)
-#   finetune    SST-2 (full training set, length 32, 1 epoch, LR FT_LR: default 1e-3, the seq-32 study's) of
-#               every finished run at its arm's best LR that did not diverge, seed = the run's; the floor at
-#               seeds 1-3
+#               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
+#               results/cpu-study-<rung>/finetune-lr<LR>/ (outside the runs; `bench.fidelity_rungs ft-lr`)
+#   finetune    SST-2 (full training set, length 32, 1 epoch) of every finished run at its arm's best LR that
+#               did not diverge, seed = the run's, and the floor at seeds 1-3; LR: the check's best for LAMB's
+#               checkpoint (FT_LR=<lr> overrides it; before any check, the seq-32 study's 1e-3)
 #   report      keep the runs' small files in results/cpu-study/runs/, `make compare` of the best-LR
 #               runs (results/cpu-study-<rung>/report.md), the records (python -m bench fidelity)
 # DRY=1 lists the pretraining runs still to do (sweeps: the planned LRs) and runs nothing; MAX_RUNS=<n> stops
@@ -45,8 +46,7 @@ cd "$(dirname "$0")/../.."
 RUNGS=${RUNGS:-"b m"}
 SEEDS=${SEEDS:-"1 2 3"}
 STAGES=${STAGES:-"data lamb_sweep adamw_sweep seeds onebit deepspeed onebit_lr ablation floor ft_lr finetune report"}
-FT_LR=${FT_LR:-1e-3}
-FT_LRS=${FT_LRS:-"3e-4 1e-3 3e-3"}
+FT_LR=${FT_LR:-}  # empty: each rung's from its LR check
 DRY=${DRY:-0}
 NICE=${NICE:-19}
 SIM_PROCESSES=2
@@ -210,22 +210,23 @@ for RUNG in $RUNGS; do
   fi
   if stage ft_lr; then  # LAMB's seed-1 checkpoint and the floor, outside the run folders
     lamb=results/runs/cpu-rung-$RUNG-lamb-lr$LAMB_LR-n2-s1
-    for lr in $FT_LRS; do
-      for run in "$lamb" "$FLOOR"; do
-        [[ -f $run/summary.json || $run == "$FLOOR" ]] || continue
-        [[ -d $run/checkpoints ]] || continue
-        sst2 "$run" "$FOLDER/finetune-lr$lr/$(basename "$run")" "$lr" 1
-      done
+    while [[ -f $lamb/summary.json && -d $FLOOR/checkpoints ]]; do
+      read -r _ lr < <($PY -m bench.fidelity_rungs ft-lr "$RUNG")
+      [[ $lr == - ]] && break
+      for run in "$lamb" "$FLOOR"; do sst2 "$run" "$FOLDER/finetune-lr$lr/$(basename "$run")" "$lr" 1; done
+      (( DRY )) && break  # nothing ran: the next answer would be the same
     done
   fi
   if stage finetune; then
+    read -r ft_lr _ < <($PY -m bench.fidelity_rungs ft-lr "$RUNG")
+    ft_lr=${FT_LR:-$ft_lr}
     if [[ -d $FLOOR/checkpoints ]]; then
-      for seed in 1 2 3; do sst2 "$FLOOR" "$FLOOR/finetune/final/sst2-len32-s$seed" "$FT_LR" "$seed"; done
+      for seed in 1 2 3; do sst2 "$FLOOR" "$FLOOR/finetune/final/sst2-len32-s$seed" "$ft_lr" "$seed"; done
     fi
     for run in results/runs/cpu-rung-"$RUNG"-{lamb-lr"$LAMB_LR",adamw-lr"$ADAMW_LR",onebit_lamb-lr"$LAMB_LR",onebit_lamb_deepspeed-lr"$LAMB_LR"}-*; do
       [[ -f $run/summary.json ]] || continue
       diverged "$run" && continue  # nothing to fine-tune; the records count it
-      sst2 "$run" "$run/finetune/final/sst2-len32" "$FT_LR" "${run##*-s}"
+      sst2 "$run" "$run/finetune/final/sst2-len32" "$ft_lr" "${run##*-s}"
     done
   fi
   if stage report && (( ! DRY )); then

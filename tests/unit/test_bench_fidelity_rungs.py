@@ -232,3 +232,24 @@ def test_the_scripts_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str
     spec = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert spec["MODEL"] == "'bert_mini'" and spec["LAMB_LRS"] == "'3e-3 1e-2 3e-2'"
     assert "model.hidden_dropout_prob=0.0" in spec["MODEL_ARGS"]
+
+
+def test_the_sst2_lr_check_picks_lambs_best_and_extends_an_edge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    def check(lr: str, lamb: float, floor: float) -> None:
+        write_finetune(tmp_path / f"finetune-lr{lr}" / f"cpu-rung-{RUNG.key}-lamb-lr3e-2-n2-s1", 1, lamb)
+        write_finetune(tmp_path / f"finetune-lr{lr}" / f"cpu-rung-floor-{RUNG.model}", 1, floor)
+
+    main(["ft-lr", "b", str(tmp_path)])  # nothing checked: the seq-32 study's LR, and the check starts there
+    assert capsys.readouterr().out.split() == ["1e-3", "1e-3"]
+    check("1e-3", 0.77, 0.79)  # the floor's scores do not choose
+    check("3e-3", 0.51, 0.51)
+    main(["ft-lr", "b", str(tmp_path)])
+    assert capsys.readouterr().out.split() == ["1e-3", "3e-4"]
+    check("3e-4", 0.79, 0.78)  # best at the low edge: one LR below it next
+    main(["ft-lr", "b", str(tmp_path)])
+    assert capsys.readouterr().out.split() == ["3e-4", "1e-4"]
+    check("1e-4", 0.78, 0.78)
+    main(["ft-lr", "b", str(tmp_path)])
+    assert capsys.readouterr().out.split() == ["3e-4", "-"]
