@@ -5,13 +5,15 @@ it; its report is in `results/cpu-study-<key>/`, its runs' small files with the 
 `results/cpu-study/runs/`):
 
 - `m`: BERT-mini (4 x 256) at batch 128, 3,200 steps (`conf/batch/cpu_study_s32.yaml`);
-- `b`: BERT-tiny at batch 1,024, 400 steps, the same 409,600 samples (`conf/batch/cpu_study_s32_b1024.yaml`).
+- `b`: BERT-tiny at batch 1,024, 400 steps, the same 409,600 samples (`conf/batch/cpu_study_s32_b1024.yaml`);
+- `s`: BERT-small (4 x 512) at batch 128, as `m`, one seed per arm (each checkpoint fine-tuned at 3 seeds).
 
 Each rung tunes its baselines: LAMB and AdamW at three LRs x3 apart (seed 1, 2 processes; extended by one LR
-beyond an edge when the best is at one), then each at its best LR over seeds 1-3; the 1-bit arms run at LAMB's
-best LR. Run folders are named `cpu-rung-<key>-<arm>-lr<lr>-<workers>-s<seed>` (`lr3e-2`, `n2`, `sim32`), the
-randomly initialised model `cpu-rung-floor-<model>`. Records (`python -m bench fidelity` writes them into
-`results/bench/fidelity.json`), each computed from the runs that exist and carrying its `status`:
+beyond an edge when the best is at one), then each at its best LR over the rung's seeds (1-3; `s`: 1); the
+1-bit arms run at LAMB's best LR. Run folders are named `cpu-rung-<key>-<arm>-lr<lr>-<workers>-s<seed>`
+(`lr3e-2`, `n2`, `sim32`), the randomly initialised model `cpu-rung-floor-<model>`. Records (`python -m bench
+fidelity` writes them into `results/bench/fidelity.json`), each computed from the runs that exist and
+carrying its `status`:
 
 - `lamb_best_lr_<model>_b<batch>` (and `adamw_best_lr_...`): the LR of the lowest seed-1 final MLM loss;
 - `lamb_final_mlm_accuracy_<model>_b<batch>`: LAMB's final masked-LM accuracy at its best LR, over seeds;
@@ -20,12 +22,13 @@ randomly initialised model `cpu-rung-floor-<model>`. Records (`python -m bench f
   `onebit_lamb_deepspeed` at LAMB's best LR; `adamw` at its own); `..._lr<lr>` for the default at an LR next
   to LAMB's best;
 - `downstream_gap_sst2_<variant>_<model>_b<batch>_n<workers>[sim]`: SST-2 dev accuracy minus LAMB's, in
-  pooled seed standard deviations, sqrt((s_a^2 + s_b^2) / 2) (`random_init` for the floor).
+  pooled seed standard deviations, sqrt((s_a^2 + s_b^2) / 2) (`random_init` for the floor); over the
+  fine-tunes of the arm's checkpoints (one per checkpoint with the run's seed, `s`: three per checkpoint).
 
 Final MLM loss = mean of the last `FINAL_WINDOW` logged records (`results.compare.analysis.final_value`),
-None for a diverged run (counted in the record, left out of the mean). Status: `complete` when both sides have
-the three seeds (and LAMB's LR sweep is done), else `partial: ...` saying what exists. Nothing is estimated: a
-record without runs on both sides is not written.
+None for a diverged run (counted in the record, left out of the mean). Status: `complete` when both sides
+have the rung's seeds (and LAMB's LR sweep is done), else `partial: ...` saying what exists. Nothing is
+estimated: a record without runs on both sides is not written.
 
 `python -m bench.fidelity_rungs` answers the study script: `spec <rung>` (its settings, as shell
 assignments), `best-lr <rung> <optimizer> <runs folder>` (the best LR so far, and the next LR to run or `-`),
@@ -75,6 +78,9 @@ class Rung:
     log_every: int
     # dropout off, as BERT-tiny's config (conf/model/bert_tiny.yaml): the rung changes the size only
     model_overrides: tuple[str, ...] = ()
+    seeds: int = SEEDS  # pretraining seeds per arm at its LR (the sweeps run seed 1)
+    finetune_seeds: int = 1  # SST-2 seeds per checkpoint: 1 = the pretraining run's own seed, k = seeds 1..k
+    checkpoint_every: int = 0  # steps between a run's checkpoints (0: at the end only), to resume long runs
 
     @property
     def folder(self) -> Path:
@@ -99,7 +105,13 @@ RUNGS = {
     "m": Rung(
         key="m", model="bert_mini", batch="cpu_study_s32", global_batch=128, steps=3200,
         lamb_lrs=("3e-3", "1e-2", "3e-2"), adamw_lrs=("3e-4", "1e-3", "3e-3"), workers=("n2", "sim32"),
-        log_every=5, model_overrides=NO_DROPOUT,
+        log_every=5, model_overrides=NO_DROPOUT, checkpoint_every=800,
+    ),
+    # one seed per arm (the issue's rung above BERT-mini): each checkpoint fine-tuned at three seeds instead
+    "s": Rung(
+        key="s", model="bert_small", batch="cpu_study_s32", global_batch=128, steps=3200,
+        lamb_lrs=("3e-3", "1e-2", "3e-2"), adamw_lrs=("3e-4", "1e-3", "3e-3"), workers=("n2", "sim32"),
+        log_every=5, model_overrides=NO_DROPOUT, seeds=1, finetune_seeds=3, checkpoint_every=400,
     ),
     # log_every 1: the final window (10 records) spans the last 10 steps, 10,240 samples
     "b": Rung(
@@ -304,12 +316,14 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _seeds_status(arm: Sequence[RungRun], peer: Sequence[RungRun] | None, lamb_sweep: Sweep) -> str:
+def _seeds_status(
+    rung: Rung, arm: Sequence[RungRun], peer: Sequence[RungRun] | None, lamb_sweep: Sweep
+) -> str:
     """`peer`: LAMB's runs at its best LR (None when the record is LAMB's own)."""
-    arm_seeds, peer_seeds = len({r.seed for r in arm}), len({r.seed for r in peer or arm})
-    if arm_seeds >= SEEDS and peer_seeds >= SEEDS and lamb_sweep.complete:
+    arm_seeds, peer_seeds, seeds = len({r.seed for r in arm}), len({r.seed for r in peer or arm}), rung.seeds
+    if arm_seeds >= seeds and peer_seeds >= seeds and lamb_sweep.complete:
         return "complete"
-    parts = [f"{arm_seeds} of {SEEDS} seeds"] + ([f"LAMB {peer_seeds} of {SEEDS} seeds"] if peer else [])
+    parts = [f"{arm_seeds} of {seeds} seeds"] + ([f"LAMB {peer_seeds} of {seeds} seeds"] if peer else [])
     if not lamb_sweep.complete:
         parts.append(f"LAMB LR sweep {lamb_sweep.status}")
     return "partial: " + ", ".join(parts)
@@ -374,7 +388,7 @@ def _ratio_record(
         peer_value=peer_value,
         target=target,
         config=_config(
-            rung, arm, variant, lr, status=_seeds_status(arm, peer, lamb_sweep), std=std,
+            rung, arm, variant, lr, status=_seeds_status(rung, arm, peer, lamb_sweep), std=std,
             per_seed={r.seed: r.final_mlm_loss for r in arm}, peer_std=peer_std,
             peer_seeds=sorted(r.seed for r in peer), peer_per_seed={r.seed: r.final_mlm_loss for r in peer},
         ),
@@ -396,10 +410,11 @@ def _gap_record(
     if not noise:
         return None
     with_scores = [r for r in runs if r.downstream]
+    wanted = rung.seeds * rung.finetune_seeds
     status = (
         "complete"
-        if len(scores) >= SEEDS and len(peer_scores) >= SEEDS and lamb_sweep.complete
-        else f"partial: {len(scores)} of {SEEDS} fine-tunes, LAMB {len(peer_scores)} of {SEEDS}"
+        if len(scores) >= wanted and len(peer_scores) >= wanted and lamb_sweep.complete
+        else f"partial: {len(scores)} of {wanted} fine-tunes, LAMB {len(peer_scores)} of {wanted}"
     )
     config = (
         _config(rung, with_scores, variant, lr)
@@ -448,7 +463,7 @@ def rung_records(rung: Rung, runs_dir: Path | None = None) -> list[Record]:
                     lamb,
                     "lamb",
                     best,
-                    status=_seeds_status(lamb, None, lamb_sweep),
+                    status=_seeds_status(rung, lamb, None, lamb_sweep),
                     per_seed={r.seed: r.final_mlm_accuracy for r in lamb},
                 ),
             )
@@ -507,7 +522,7 @@ def deepspeed_seed_workers(runs: Sequence[RungRun], rung: Rung) -> list[str]:
     best LR."""
     best = lamb_best(runs, rung)
     losses = _losses(select(runs, "lamb", lr=best))
-    if len(losses) < SEEDS:
+    if rung.seeds < SEEDS or len(losses) < SEEDS:  # a one-seed rung: no LAMB std, no seeds 2-3
         return []
     mean, std = _mean_std(losses)
     out = []
@@ -530,6 +545,9 @@ def _spec(rung: Rung) -> str:
         "LOG_EVERY": str(rung.log_every),
         "MODEL_ARGS": " ".join(rung.model_overrides),
         "RECIPE_LR": rung.recipe_lr,
+        "RUNG_SEEDS": " ".join(str(seed) for seed in range(1, rung.seeds + 1)),
+        "FT_SEEDS": str(rung.finetune_seeds),
+        "CHECKPOINT_EVERY": str(rung.checkpoint_every),
     }
     return "\n".join(f"{key}='{value}'" for key, value in lines.items())
 

@@ -14,14 +14,16 @@ from transformers import BertConfig, BertForPreTraining
 class ModelSize(str, enum.Enum):
     bert_large = "bert_large"
     bert_base = "bert_base"
+    bert_small = "bert_small"
     bert_mini = "bert_mini"
     bert_tiny = "bert_tiny"
 
 
-# layers, hidden, heads, intermediate (Devlin et al. 2019; mini/tiny as in Turc et al. 2019)
+# layers, hidden, heads, intermediate (Devlin et al. 2019; small/mini/tiny as in Turc et al. 2019)
 SIZES: dict[ModelSize, tuple[int, int, int, int]] = {
     ModelSize.bert_large: (24, 1024, 16, 4096),
     ModelSize.bert_base: (12, 768, 12, 3072),
+    ModelSize.bert_small: (4, 512, 8, 2048),
     ModelSize.bert_mini: (4, 256, 4, 1024),
     ModelSize.bert_tiny: (2, 128, 2, 512),
 }

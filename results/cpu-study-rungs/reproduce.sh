@@ -3,6 +3,7 @@
 # AdamW on the seq-32 recipe (results/cpu-study/README.md, "The seq-32 study"), one rung per model and batch:
 #   m   BERT-mini (4 x 256, dropout off as BERT-tiny's) at batch 128, 3,200 steps (conf/batch/cpu_study_s32.yaml)
 #   b   BERT-tiny at batch 1,024, 400 steps, the same 409,600 samples (conf/batch/cpu_study_s32_b1024.yaml)
+#   s   BERT-small (4 x 512, dropout off) at batch 128 as m, one seed per arm, each checkpoint fine-tuned at 3 seeds
 # Each rung's settings (model, recipe, the LRs swept, worker counts, logging) are bench/fidelity_rungs.py's
 # RUNGS; its report is results/cpu-study-<rung>/README.md, the runs' small files go with the study's to
 # results/cpu-study/runs/, the records to results/bench/fidelity.json (`python -m bench fidelity`).
@@ -10,27 +11,28 @@
 # Runs go to results/runs/cpu-rung-<rung>-<arm>-lr<lr>-<workers>-s<seed> (arm lamb, adamw, onebit_lamb,
 # onebit_lamb_deepspeed; workers n2 = 2 processes, simK = 2 processes x K/2 simulated workers); every run logs
 # the diagnostics (diagnostics=true). A run whose summary.json exists (fine-tune: all_results.json) is skipped,
-# so the script picks up where an interrupted one stopped; an interrupted rung-M run resumes from its last
-# checkpoint (every 800 steps; SIGTERM checkpoints and stops one, exit 75). Each pretraining run's wall time
+# so the script picks up where an interrupted one stopped; an interrupted run of rung m or s resumes from its
+# last checkpoint (every 800 / 400 steps; SIGTERM checkpoints and stops one, exit 75). Each pretraining run's wall time
 # and the load around it go to results/runs/cpu-rung-times.tsv (kept as results/cpu-study-<rung>/run-times.tsv).
 # Stages (STAGES, in this order; each rung in RUNGS):
 #   data        the study's 8K vocabulary (its sha256 checked) and the sample at seq 32 (data/prepared/)
 #   lamb_sweep  LAMB at the rung's three LRs (x3 apart around the recipe's), seed 1, 2 processes; while the
 #               best is at an edge, one more LR beyond it (at most two more)
 #   adamw_sweep the same for AdamW (optim=adamw: torch's fused AdamW, bias-corrected, the recipe's schedule)
-#   seeds       LAMB and AdamW at their best LRs, SEEDS
-#   onebit      the default (optim=onebit_lamb) at LAMB's best LR, SEEDS x the rung's worker counts
+#   seeds       LAMB and AdamW at their best LRs, the rung's seeds (SEEDS="1 2 3" overrides them)
+#   onebit      the default (optim=onebit_lamb) at LAMB's best LR, the seeds x the rung's worker counts
 #   deepspeed   DeepSpeed's algorithm (optim=onebit_lamb_deepspeed) at LAMB's best LR, seed 1 x the worker
 #               counts; seeds 2-3 where seed 1 is within 2 LAMB seed std of the target (needs LAMB's 3 seeds)
 #   onebit_lr   the default at the LRs x3 below and above LAMB's best, seed 1, 2 processes
 #   ablation    rung b: the default at LAMB's best LR, 2 processes, with optim.variance_refresh=8 (seed 1),
-#               freeze_step 160 (SEEDS) and 120 (seed 1): cpu-rung-b-abl-<what>-onebit_lamb-...
+#               freeze_step 160 (the seeds) and 120 (seed 1): cpu-rung-b-abl-<what>-onebit_lamb-...
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
 #               results/cpu-study-<rung>/finetune-lr<LR>/ (outside the runs; `bench.fidelity_rungs ft-lr`)
 #   finetune    SST-2 (full training set, length 32, 1 epoch) of every finished run at its arm's best LR that
-#               did not diverge, seed = the run's, and the floor at seeds 1-3; LR: the check's best for LAMB's
+#               did not diverge, seed = the run's (rung s: seeds 1-3 each), and the floor at seeds 1-3; LR:
+#               the check's best for LAMB's
 #               checkpoint (FT_LR=<lr> overrides it; before any check, the seq-32 study's 1e-3)
 #   report      keep the runs' small files in results/cpu-study/runs/, `make compare` of the best-LR
 #               runs (results/cpu-study-<rung>/report.md), the records (python -m bench fidelity)
@@ -38,13 +40,13 @@
 # after n pretraining runs; ONLY=<extended regex> runs only the pretraining runs whose name matches (the others
 # are left pending), to take the runs a target needs first. Every run is started under `nice -n ${NICE:-19}`
 # (a shared 2-core machine).
-#   results/cpu-study-rungs/reproduce.sh                                      # everything, both rungs
+#   results/cpu-study-rungs/reproduce.sh                                      # everything, every rung
 #   RUNGS=b STAGES="lamb_sweep adamw_sweep report" results/cpu-study-rungs/reproduce.sh   # a subset
 #   DRY=1 RUNGS=m results/cpu-study-rungs/reproduce.sh                        # what is pending
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-RUNGS=${RUNGS:-"b m"}
-SEEDS=${SEEDS:-"1 2 3"}
+RUNGS=${RUNGS:-"b m s"}
+SEEDS=${SEEDS:-}  # empty: each rung's (bench/fidelity_rungs.py)
 STAGES=${STAGES:-"data lamb_sweep adamw_sweep seeds onebit deepspeed onebit_lr ablation floor ft_lr finetune report"}
 FT_LR=${FT_LR:-}  # empty: each rung's from its LR check
 DRY=${DRY:-0}
@@ -116,7 +118,7 @@ pretrain() {
   local share=$(( GLOBAL / (processes * per_process) ))
   local micro=$(( share < 64 ? share : 64 ))  # 64 x 32 tokens, as the seq-32 study
   local every=0 start=$SECONDS load
-  [[ $RUNG == m ]] && every=800  # ~1 h runs: resumable from a checkpoint
+  every=$CHECKPOINT_EVERY  # long runs: resumable from a checkpoint
   load=$(cut -d' ' -f1 /proc/loadavg)
   times > results/runs/.times-before  # the CPU seconds of this shell's finished children (not in a subshell)
   # shellcheck disable=SC2086
@@ -167,9 +169,11 @@ sst2() {  # sst2 <model folder> <output folder> <LR> <seed>
     task.epochs=1 task.max_length=32 "seeds=[$4]" wandb.mode=disabled show_progress=false
 }
 
-MODEL="" BATCH="" GLOBAL="" LAMB_LRS="" ADAMW_LRS="" RUNG_WORKERS="" LOG_EVERY="" MODEL_ARGS=""
+MODEL="" BATCH="" GLOBAL="" LAMB_LRS="" ADAMW_LRS="" RUNG_WORKERS="" LOG_EVERY="" MODEL_ARGS="" RUNG_SEEDS=""
+FT_SEEDS="" CHECKPOINT_EVERY=""
 for RUNG in $RUNGS; do
   eval "$($PY -m bench.fidelity_rungs spec "$RUNG")"  # sets the variables above
+  seeds=${SEEDS:-$RUNG_SEEDS}
   FOLDER=results/cpu-study-$RUNG
   FLOOR=results/runs/cpu-rung-floor-$MODEL
   mkdir -p results/runs
@@ -178,20 +182,20 @@ for RUNG in $RUNGS; do
   LAMB_LR=$(best_lr lamb)
   ADAMW_LR=$(best_lr adamw)
   if stage seeds; then
-    for seed in $SEEDS; do
+    for seed in $seeds; do
       pretrain lamb "$LAMB_LR" n2 "$seed"
       pretrain adamw "$ADAMW_LR" n2 "$seed"
     done
   fi
   if stage onebit; then
-    for seed in $SEEDS; do
+    for seed in $seeds; do
       for workers in $RUNG_WORKERS; do pretrain onebit_lamb "$LAMB_LR" "$workers" "$seed"; done
     done
   fi
   if stage deepspeed; then
     for workers in $RUNG_WORKERS; do pretrain onebit_lamb_deepspeed "$LAMB_LR" "$workers" 1; done
     for workers in $($PY -m bench.fidelity_rungs deepspeed-seeds "$RUNG" results/runs); do
-      for seed in $SEEDS; do pretrain onebit_lamb_deepspeed "$LAMB_LR" "$workers" "$seed"; done
+      for seed in $seeds; do pretrain onebit_lamb_deepspeed "$LAMB_LR" "$workers" "$seed"; done
     done
   fi
   if stage onebit_lr; then
@@ -199,7 +203,7 @@ for RUNG in $RUNGS; do
   fi
   if stage ablation && [[ $RUNG == b ]]; then  # why the default misses by ~1 % (results/cpu-study-b/README.md)
     pretrain abl-refresh8-onebit_lamb "$LAMB_LR" n2 1
-    for seed in $SEEDS; do pretrain abl-freeze160-onebit_lamb "$LAMB_LR" n2 "$seed"; done
+    for seed in $seeds; do pretrain abl-freeze160-onebit_lamb "$LAMB_LR" n2 "$seed"; done
     pretrain abl-freeze120-onebit_lamb "$LAMB_LR" n2 1
   fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( DRY )); then echo "pending floor $FLOOR"; fi
@@ -226,7 +230,11 @@ for RUNG in $RUNGS; do
     for run in results/runs/cpu-rung-"$RUNG"-{lamb-lr"$LAMB_LR",adamw-lr"$ADAMW_LR",onebit_lamb-lr"$LAMB_LR",onebit_lamb_deepspeed-lr"$LAMB_LR"}-*; do
       [[ -f $run/summary.json ]] || continue
       diverged "$run" && continue  # nothing to fine-tune; the records count it
-      sst2 "$run" "$run/finetune/final/sst2-len32" "$ft_lr" "${run##*-s}"
+      if (( FT_SEEDS == 1 )); then
+        sst2 "$run" "$run/finetune/final/sst2-len32" "$ft_lr" "${run##*-s}"
+      else
+        for seed in $(seq "$FT_SEEDS"); do sst2 "$run" "$run/finetune/final/sst2-len32-s$seed" "$ft_lr" "$seed"; done
+      fi
     done
   fi
   if stage report && (( ! DRY )); then

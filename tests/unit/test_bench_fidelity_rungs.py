@@ -13,6 +13,7 @@ import yaml
 
 from bench.fidelity_rungs import (
     RUNGS,
+    Rung,
     Sweep,
     deepspeed_seed_workers,
     load_rung_runs,
@@ -28,25 +29,26 @@ RUNG = RUNGS["b"]  # BERT-tiny at batch 1,024: LAMB 1e-2 3e-2 1e-1, AdamW 1e-3 3
 def write_run(
     root: Path, optimizer: str, lr: str, workers: str, seed: int, final_loss: float, *,
     accuracy: float = 0.3, sst2: float | None = None, finished: bool = True, diverge: bool = False,
+    rung: Rung = RUNG,
 ) -> Path:  # fmt: skip
     """A finished run of the rung: 20 logged records, the last 10 at `final_loss` (the final window)."""
-    name = f"cpu-rung-{RUNG.key}-{optimizer}-lr{lr}-{workers}-s{seed}"
+    name = f"cpu-rung-{rung.key}-{optimizer}-lr{lr}-{workers}-s{seed}"
     folder = root / name
     folder.mkdir(parents=True)
     processes, simulated = (int(workers[1:]), 1) if workers.startswith("n") else (2, int(workers[3:]) // 2)
-    steps = RUNG.steps
-    phase = {"global_batch": RUNG.global_batch, "steps": steps, "lr": float(lr), "freeze_step": 80}
+    steps = rung.steps
+    phase = {"global_batch": rung.global_batch, "steps": steps, "lr": float(lr), "freeze_step": 80}
     config: dict[str, Any] = {
-        "model": {"size": RUNG.model},
+        "model": {"size": rung.model},
         "optim": {"name": optimizer, "lr": 0.001},
         "batch": {
-            "name": RUNG.batch,
+            "name": rung.batch,
             "phases": [phase],
         },
         "seed": seed,
         "sim_world_size": simulated,
         "optimizer": optimizer,
-        "global_batch": RUNG.global_batch,
+        "global_batch": rung.global_batch,
         "world_size": processes,
     }
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
@@ -58,14 +60,14 @@ def write_run(
                 loss = math.nan
             record = {
                 "step": step,
-                "samples_seen": step * RUNG.global_batch,
+                "samples_seen": step * rung.global_batch,
                 "mlm_loss": "nan" if math.isnan(loss) else loss,
                 "mlm_accuracy": 0.0 if index < 10 else accuracy,
                 "phase": 1,
             }
             file.write(json.dumps(record) + "\n")
     if finished:
-        summary = {"global_step": steps, "samples_seen": steps * RUNG.global_batch}
+        summary = {"global_step": steps, "samples_seen": steps * rung.global_batch}
         (folder / "summary.json").write_text(json.dumps(summary))
     if sst2 is not None:
         write_finetune(folder / "finetune" / "final" / "sst2-len32", seed, sst2)
@@ -253,3 +255,33 @@ def test_the_sst2_lr_check_picks_lambs_best_and_extends_an_edge(
     check("1e-4", 0.78, 0.78)
     main(["ft-lr", "b", str(tmp_path)])
     assert capsys.readouterr().out.split() == ["3e-4", "-"]
+
+
+def test_a_one_seed_rung_is_complete_at_one_seed_and_fine_tunes_each_checkpoint_three_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    small = RUNGS["s"]  # BERT-small: one pretraining seed per arm, three SST-2 seeds per checkpoint
+    for lr, loss in (("3e-3", 4.6), ("1e-2", 4.0), ("3e-2", 4.4)):
+        write_run(tmp_path, "lamb", lr, "n2", 1, loss, rung=small)
+    default = write_run(tmp_path, "onebit_lamb", "1e-2", "n2", 1, 4.02, rung=small)
+    lamb = tmp_path / "cpu-rung-s-lamb-lr1e-2-n2-s1"
+    for seed, (ours, theirs) in enumerate(((0.80, 0.81), (0.79, 0.80), (0.81, 0.79)), start=1):
+        write_finetune(default / "finetune" / "final" / f"sst2-len32-s{seed}", seed, ours)
+        write_finetune(lamb / "finetune" / "final" / f"sst2-len32-s{seed}", seed, theirs)
+    write_run(tmp_path, "onebit_lamb_deepspeed", "1e-2", "n2", 1, 4.01, rung=small)
+    records = {record.name: record for record in rung_records(small, tmp_path)}
+    ratio = records["final_mlm_loss_ratio_onebit_lamb_bert_small_b128_n2"]
+    assert ratio.value / ratio.peer_value == pytest.approx(4.02 / 4.0)
+    assert ratio.config["status"] == "complete"  # no AdamW here: the status counts seeds and LAMB's sweep
+    gap = records["downstream_gap_sst2_onebit_lamb_bert_small_b128_n2"]
+    assert gap.config["n"] == 3 and gap.config["status"] == "complete"
+    assert gap.value == pytest.approx(0.0)  # same mean, 0.80 each side
+    assert deepspeed_seed_workers(load_rung_runs(tmp_path, small), small) == []  # no LAMB std: no seeds 2-3
+    main(["spec", "s"])
+    spec = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert spec["MODEL"] == "'bert_small'" and spec["RUNG_SEEDS"] == "'1'" and spec["FT_SEEDS"] == "'3'"
+    main(["spec", "m"])
+    spec = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert (
+        spec["RUNG_SEEDS"] == "'1 2 3'" and spec["FT_SEEDS"] == "'1'" and spec["CHECKPOINT_EVERY"] == "'800'"
+    )
