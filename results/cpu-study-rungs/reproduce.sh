@@ -3,7 +3,7 @@
 # AdamW on the seq-32 recipe (results/cpu-study/README.md, "The seq-32 study"), one rung per model and batch:
 #   m   BERT-mini (4 x 256, dropout off as BERT-tiny's) at batch 128, 3,200 steps (conf/batch/cpu_study_s32.yaml)
 #   b   BERT-tiny at batch 1,024, 400 steps, the same 409,600 samples (conf/batch/cpu_study_s32_b1024.yaml)
-#   s   BERT-small (4 x 512, dropout off) at batch 128 as m, one seed per arm, each checkpoint fine-tuned at 3 seeds
+#   s   BERT-small (4 x 512, dropout off) at batch 128 as m, one seed per arm (3 SST-2 seeds per checkpoint)
 # Each rung's settings (model, recipe, the LRs swept, worker counts, logging) are bench/fidelity_rungs.py's
 # RUNGS; its report is results/cpu-study-<rung>/README.md, the runs' small files go with the study's to
 # results/cpu-study/runs/, the records to results/bench/fidelity.json (`python -m bench fidelity`).
@@ -12,8 +12,9 @@
 # onebit_lamb_deepspeed; workers n2 = 2 processes, simK = 2 processes x K/2 simulated workers); every run logs
 # the diagnostics (diagnostics=true). A run whose summary.json exists (fine-tune: all_results.json) is skipped,
 # so the script picks up where an interrupted one stopped; an interrupted run of rung m or s resumes from its
-# last checkpoint (every 800 / 400 steps; SIGTERM checkpoints and stops one, exit 75). Each pretraining run's wall time
-# and the load around it go to results/runs/cpu-rung-times.tsv (kept as results/cpu-study-<rung>/run-times.tsv).
+# last checkpoint (every 800 / 400 steps; SIGTERM checkpoints and stops one, exit 75). Each pretraining run's
+# wall time and the load around it go to results/runs/cpu-rung-times.tsv (kept as
+# results/cpu-study-<rung>/run-times.tsv).
 # Stages (STAGES, in this order; each rung in RUNGS):
 #   data        the study's 8K vocabulary (its sha256 checked) and the sample at seq 32 (data/prepared/)
 #   lamb_sweep  LAMB at the rung's three LRs (x3 apart around the recipe's), seed 1, 2 processes; while the
@@ -22,7 +23,8 @@
 #   seeds       LAMB and AdamW at their best LRs, the rung's seeds (SEEDS="1 2 3" overrides them)
 #   onebit      the default (optim=onebit_lamb) at LAMB's best LR, the seeds x the rung's worker counts
 #   deepspeed   DeepSpeed's algorithm (optim=onebit_lamb_deepspeed) at LAMB's best LR, seed 1 x the worker
-#               counts; seeds 2-3 where seed 1 is within 2 LAMB seed std of the target (needs LAMB's 3 seeds)
+#               counts; seeds 2-3 where seed 1 is at most 2 LAMB seed std above the target (needs LAMB's 3
+#               seeds; not on a one-seed rung)
 #   onebit_lr   the default at the LRs x3 below and above LAMB's best, seed 1, 2 processes
 #   ablation    rung b: the default at LAMB's best LR, 2 processes, with optim.variance_refresh=8 (seed 1),
 #               freeze_step 160 (the seeds) and 120 (seed 1): cpu-rung-b-abl-<what>-onebit_lamb-...
@@ -32,8 +34,8 @@
 #               results/cpu-study-<rung>/finetune-lr<LR>/ (outside the runs; `bench.fidelity_rungs ft-lr`)
 #   finetune    SST-2 (full training set, length 32, 1 epoch) of every finished run at its arm's best LR that
 #               did not diverge, seed = the run's (rung s: seeds 1-3 each), and the floor at seeds 1-3; LR:
-#               the check's best for LAMB's
-#               checkpoint (FT_LR=<lr> overrides it; before any check, the seq-32 study's 1e-3)
+#               the check's best for LAMB's checkpoint (FT_LR=<lr> overrides it; before any check, the
+#               seq-32 study's 1e-3)
 #   report      keep the runs' small files in results/cpu-study/runs/, `make compare` of the best-LR
 #               runs (results/cpu-study-<rung>/report.md), the records (python -m bench fidelity)
 # DRY=1 lists the pretraining runs still to do (sweeps: the planned LRs) and runs nothing; MAX_RUNS=<n> stops
