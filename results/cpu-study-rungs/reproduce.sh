@@ -216,9 +216,12 @@ for RUNG in $RUNGS; do
   fi
   if stage ft_lr; then  # LAMB's seed-1 checkpoint and the floor, outside the run folders
     lamb=results/runs/cpu-rung-$RUNG-lamb-lr$LAMB_LR-n2-s1
+    checked=""
     while [[ -f $lamb/summary.json && -d $FLOOR/checkpoints ]]; do
       read -r _ lr < <($PY -m bench.fidelity_rungs ft-lr "$RUNG")
       [[ $lr == - ]] && break
+      if [[ $lr == "$checked" ]]; then echo "reproduce.sh: SST-2 at LR $lr left no result" >&2; exit 1; fi
+      checked=$lr
       for run in "$lamb" "$FLOOR"; do sst2 "$run" "$FOLDER/finetune-lr$lr/$(basename "$run")" "$lr" 1; done
       (( DRY )) && break  # nothing ran: the next answer would be the same
     done
