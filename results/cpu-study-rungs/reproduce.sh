@@ -3,7 +3,7 @@
 # AdamW on the seq-32 recipe (results/cpu-study/README.md, "The seq-32 study"), one rung per model and batch:
 #   m   BERT-mini (4 x 256, dropout off as BERT-tiny's) at batch 128, 3,200 steps (conf/batch/cpu_study_s32.yaml)
 #   b   BERT-tiny at batch 1,024, 400 steps, the same 409,600 samples (conf/batch/cpu_study_s32_b1024.yaml)
-#   s   BERT-small (4 x 512, dropout off) at batch 128 as m, one seed per arm (3 SST-2 seeds per checkpoint)
+#   s   BERT-small (4 x 512, dropout off) at batch 128 as m, one seed per arm
 # Each rung's settings (model, recipe, the LRs swept, worker counts, logging) are bench/fidelity_rungs.py's
 # RUNGS; its report is results/cpu-study-<rung>/README.md, the runs' small files go with the study's to
 # results/cpu-study/runs/, the records to results/bench/fidelity.json (`python -m bench fidelity`).
@@ -33,7 +33,7 @@
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
 #               results/cpu-study-<rung>/finetune-lr<LR>/ (outside the runs; `bench.fidelity_rungs ft-lr`)
 #   finetune    SST-2 (full training set, length 32, 1 epoch) of every finished run at its arm's best LR that
-#               did not diverge, seed = the run's (rung s: seeds 1-3 each), and the floor at seeds 1-3; LR:
+#               did not diverge, seed = the run's (rungs m, s: seeds 1-3 each), and the floor at seeds 1-3; LR:
 #               the check's best for LAMB's checkpoint (FT_LR=<lr> overrides it; before any check, the
 #               seq-32 study's 1e-3)
 #   report      keep the runs' small files in results/cpu-study/runs/, `make compare` of the best-LR

@@ -282,6 +282,8 @@ def test_a_one_seed_rung_is_complete_at_one_seed_and_fine_tunes_each_checkpoint_
     assert spec["MODEL"] == "'bert_small'" and spec["RUNG_SEEDS"] == "'1'" and spec["FT_SEEDS"] == "'3'"
     main(["spec", "m"])
     spec = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
-    assert (
-        spec["RUNG_SEEDS"] == "'1 2 3'" and spec["FT_SEEDS"] == "'1'" and spec["CHECKPOINT_EVERY"] == "'800'"
-    )
+    assert spec["RUNG_SEEDS"] == "'1 2 3'" and spec["FT_SEEDS"] == "'3'"
+    assert spec["CHECKPOINT_EVERY"] == "'800'"
+    main(["spec", "b"])  # one fine-tune per checkpoint, no checkpoints before the end
+    spec = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert spec["FT_SEEDS"] == "'1'" and spec["CHECKPOINT_EVERY"] == "'0'"
