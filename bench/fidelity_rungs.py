@@ -258,10 +258,15 @@ class Sweep:
         return "low" if best == ordered[0] else "high" if best == ordered[-1] else None
 
     @property
+    def middle(self) -> str:
+        """The recipe's LR, the middle of the plan: the choice before any run."""
+        return self.planned[len(self.planned) // 2]
+
+    @property
     def next_lr(self) -> str | None:
         """The next LR to run: the planned ones first (the recipe's, the middle one, before the others), then
         one beyond the edge the best sits at (at most `MAX_EXTRA_LRS` beyond the plan)."""
-        middle = self.planned[len(self.planned) // 2]
+        middle = self.middle
         for lr in (middle, *(lr for lr in self.planned if lr != middle)):
             if lr not in self.losses:
                 return lr
@@ -580,13 +585,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.command == "ft-lr":
         check = finetune_sweep(rung, args.folder)
-        print(check.best or FINETUNE_LRS[len(FINETUNE_LRS) // 2], check.next_lr or "-")
+        print(check.best or check.middle, check.next_lr or "-")
         return
     runs = load_rung_runs(args.runs, rung) if args.runs.is_dir() else []
     if args.command == "best-lr":
         result = sweep(runs, rung, args.optimizer)
-        default = rung.recipe_lr if args.optimizer == "lamb" else rung.adamw_lrs[len(rung.adamw_lrs) // 2]
-        print(result.best or default, result.next_lr or "-")
+        print(result.best or result.middle, result.next_lr or "-")
     else:
         print(" ".join(deepspeed_seed_workers(runs, rung)))
 
