@@ -12,7 +12,9 @@
 # onebit_lamb_deepspeed; workers n2 = 2 processes, simK = 2 processes x K/2 simulated workers); every run logs
 # the diagnostics (diagnostics=true). A run whose summary.json exists (fine-tune: all_results.json) is skipped,
 # so the script picks up where an interrupted one stopped; an interrupted run of rung m or s resumes from its
-# last checkpoint (every 800 / 400 steps; SIGTERM checkpoints and stops one, exit 75). Each pretraining run's
+# last checkpoint (every 800 / 400 steps; SIGTERM checkpoints and stops one, exit 75). A finished run kept
+# without its checkpoints (its small files from another machine) runs again when a fine-tune needs it, the
+# first run's files moved to <run>/first-run/. Each pretraining run's
 # wall time and the load around it go to results/runs/cpu-rung-times.tsv (kept as
 # results/cpu-study-<rung>/run-times.tsv).
 # Stages (STAGES, in this order; each rung in RUNGS):
@@ -164,8 +166,33 @@ from results.compare.runs import load_run_folder
 sys.exit(0 if diverged(load_run_folder(Path(sys.argv[1]))) else 1)' "$1"
 }
 
+# restore_checkpoint <run folder>: a finished run without its checkpoints runs again (same name, so the same
+# arm, LR, workers and seed); the first run's summary, metrics and config go to <run>/first-run/
+restore_checkpoint() {
+  local run=$1 name
+  name=$(basename "$run")
+  [[ -d $run/checkpoints && -f $run/summary.json ]] && return 0
+  [[ $name =~ ^cpu-rung-$RUNG-(.+)-lr(.+)-(n[0-9]+|sim[0-9]+)-s([0-9]+)$ ]] || return 0
+  local arm=${BASH_REMATCH[1]} lr=${BASH_REMATCH[2]} workers=${BASH_REMATCH[3]} seed=${BASH_REMATCH[4]}
+  if (( DRY )); then
+    [[ -n ${LISTED[$name]:-} ]] || echo "pending $name (again: its checkpoints are not here)"
+    LISTED[$name]=1
+    return 0
+  fi
+  if [[ -f $run/summary.json ]]; then
+    mkdir -p "$run/first-run"
+    mv "$run/summary.json" "$run/metrics.jsonl" "$run/config.yaml" "$run/first-run/"
+  fi
+  pretrain "$arm" "$lr" "$workers" "$seed"
+}
+
+finished() {  # finished <run folder>: the folder holding its summary (the run's, or its first run's)
+  if [[ -f $1/summary.json ]]; then echo "$1"; elif [[ -f $1/first-run/summary.json ]]; then echo "$1/first-run"; fi
+}
+
 sst2() {  # sst2 <model folder> <output folder> <LR> <seed>
   [[ -f $2/all_results.json ]] && return 0
+  restore_checkpoint "$1"
   (( DRY )) && { echo "pending fine-tune $2"; return 0; }
   nice -n "$NICE" env OMP_NUM_THREADS=2 $PY -m finetune task=sst2 model_path="$1" output_dir="$2" task.lr="$3" \
     task.epochs=1 task.max_length=32 "seeds=[$4]" wandb.mode=disabled show_progress=false
@@ -217,7 +244,7 @@ for RUNG in $RUNGS; do
   if stage ft_lr; then  # LAMB's seed-1 checkpoint and the floor, outside the run folders
     lamb=results/runs/cpu-rung-$RUNG-lamb-lr$LAMB_LR-n2-s1
     checked=""
-    while [[ -f $lamb/summary.json && -d $FLOOR/checkpoints ]]; do
+    while [[ -n $(finished "$lamb") && -d $FLOOR/checkpoints ]]; do
       read -r _ lr < <($PY -m bench.fidelity_rungs ft-lr "$RUNG")
       [[ $lr == - ]] && break
       if [[ $lr == "$checked" ]]; then echo "reproduce.sh: SST-2 at LR $lr left no result" >&2; exit 1; fi
@@ -233,8 +260,9 @@ for RUNG in $RUNGS; do
       for seed in 1 2 3; do sst2 "$FLOOR" "$FLOOR/finetune/final/sst2-len32-s$seed" "$ft_lr" "$seed"; done
     fi
     for run in results/runs/cpu-rung-"$RUNG"-{lamb-lr"$LAMB_LR",adamw-lr"$ADAMW_LR",onebit_lamb-lr"$LAMB_LR",onebit_lamb_deepspeed-lr"$LAMB_LR"}-*; do
-      [[ -f $run/summary.json ]] || continue
-      diverged "$run" && continue  # nothing to fine-tune; the records count it
+      kept=$(finished "$run")
+      [[ -n $kept ]] || continue
+      diverged "$kept" && continue  # nothing to fine-tune; the records count it
       if (( FT_SEEDS == 1 )); then
         sst2 "$run" "$run/finetune/final/sst2-len32" "$ft_lr" "${run##*-s}"
       else
