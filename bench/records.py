@@ -73,14 +73,36 @@ def publish(tmp: str | Path, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _machines_of_unchanged(path: Path) -> dict[str, Any]:
+    """The machine of each record in `path`, keyed by the record without it (JSON): none when unreadable."""
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    machines: dict[str, Any] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
+            continue
+        config = {k: v for k, v in entry["config"].items() if k != "machine"}
+        if "machine" in entry["config"]:
+            machines[json.dumps({**entry, "config": config}, sort_keys=True)] = entry["config"]["machine"]
+    return machines
+
+
 def write_records(name: str, records: list[Record], out_dir: Path | None = None, quiet: bool = False) -> Path:
     """Write `<out_dir>/<name>.json` atomically (temp file + rename) and print a one-line summary each
-    (unless `quiet`)."""
+    (unless `quiet`). A record equal to the file's one of that name but for its machine keeps the file's
+    machine: a record computed again from stored runs (`bench fidelity`) names where it was first made."""
     out_dir = Path(out_dir or RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
-    payload = [{**asdict(r), "config": {**r.config, "machine": machine}} for r in records]
     path = out_dir / f"{name}.json"
+    earlier = _machines_of_unchanged(path)
+    payload = []
+    for r in records:
+        entry = asdict(r)
+        kept = earlier.get(json.dumps(entry, sort_keys=True))
+        payload.append({**entry, "config": {**r.config, "machine": kept or machine}})
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(payload, f, indent=2)

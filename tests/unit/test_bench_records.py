@@ -59,3 +59,21 @@ def test_results_name_and_atomic_write(tmp_path: Path):
         assert write_records("comm", [], out_dir=tmp_path).stat().st_mode & 0o777 == 0o644
     finally:
         os.umask(umask)
+
+
+def test_an_unchanged_record_keeps_the_machine_that_made_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    def on(cpu: str) -> None:
+        monkeypatch.setattr("bench.records.machine_info", lambda: {"cpu_model": cpu, "time": cpu})
+
+    def record(value: float) -> Record:
+        return Record("final_loss_ratio", value, "x", peer="lamb", peer_value=2.0, config={"seeds": (1, 2)})
+
+    on("first")
+    write_records("fidelity", [record(2.1), record(3.0)], out_dir=tmp_path, quiet=True)
+    on("second")  # the same runs again: both records as they were, one new
+    renamed = Record("other", 1.0, "x")
+    path = write_records("fidelity", [record(2.1), renamed], out_dir=tmp_path, quiet=True)
+    machines = [entry["config"]["machine"]["cpu_model"] for entry in json.loads(path.read_text())]
+    assert machines == ["first", "second"]
+    path = write_records("fidelity", [record(2.2)], out_dir=tmp_path, quiet=True)  # a new figure: made here
+    assert json.loads(path.read_text())[0]["config"]["machine"]["cpu_model"] == "second"
