@@ -174,6 +174,7 @@ restore_checkpoint() {
   [[ -d $run/checkpoints && -f $run/summary.json ]] && return 0
   [[ $name =~ ^cpu-rung-$RUNG-(.+)-lr(.+)-(n[0-9]+|sim[0-9]+)-s([0-9]+)$ ]] || return 0
   local arm=${BASH_REMATCH[1]} lr=${BASH_REMATCH[2]} workers=${BASH_REMATCH[3]} seed=${BASH_REMATCH[4]}
+  if [[ -n ${ONLY:-} && ! $name =~ $ONLY ]]; then return 0; fi  # left as it is, its fine-tunes pending
   if (( DRY )); then
     [[ -n ${LISTED[$name]:-} ]] || echo "pending $name (again: its checkpoints are not here)"
     LISTED[$name]=1
@@ -194,6 +195,7 @@ sst2() {  # sst2 <model folder> <output folder> <LR> <seed>
   [[ -f $2/all_results.json ]] && return 0
   restore_checkpoint "$1"
   (( DRY )) && { echo "pending fine-tune $2"; return 0; }
+  [[ -d $1/checkpoints ]] || { echo "reproduce.sh: $1 has no checkpoints: fine-tune $2 left pending" >&2; return 0; }
   nice -n "$NICE" env OMP_NUM_THREADS=2 $PY -m finetune task=sst2 model_path="$1" output_dir="$2" task.lr="$3" \
     task.epochs=1 task.max_length=32 "seeds=[$4]" wandb.mode=disabled show_progress=false
 }

@@ -15,13 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 RUNG = RUNGS["m"]  # LAMB 3e-3 1e-2 3e-2, AdamW 3e-4 1e-3 3e-3; fine-tunes at seeds 1-3
 
 
-def dry_run(root: Path, stages: str) -> list[str]:
+def dry_run(root: Path, stages: str, **env_vars: str) -> list[str]:
     """The driver, copied into `root` (its python: this interpreter's venv), listing what is pending."""
     script = root / "results" / "cpu-study-rungs" / "reproduce.sh"
-    script.parent.mkdir(parents=True)
+    script.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "results" / "cpu-study-rungs" / "reproduce.sh", script)
-    (root / ".venv").symlink_to(Path(sys.prefix))
-    env = {**os.environ, "DRY": "1", "RUNGS": "m", "STAGES": stages}
+    if not (root / ".venv").exists():
+        (root / ".venv").symlink_to(Path(sys.prefix))
+    env = {**os.environ, "DRY": "1", "RUNGS": "m", "STAGES": stages, **env_vars}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
@@ -48,6 +49,9 @@ def test_a_finished_run_without_checkpoints_runs_again_before_its_fine_tunes(tmp
     ]  # fmt: skip
     assert len(fine_tunes) == 9
     assert lines[-1].startswith("2 pretraining runs pending")
+    # ONLY=<regex> leaves the runs it does not name as they are
+    only = [line for line in dry_run(tmp_path, "finetune", ONLY="adamw") if "again" in line]
+    assert only == ["pending cpu-rung-m-adamw-lr1e-3-n2-s1 (again: its checkpoints are not here)"]
     # a DRY run moves nothing: the first runs' files stay where they were
     assert (runs / "cpu-rung-m-lamb-lr1e-2-n2-s1" / "summary.json").is_file()
 
