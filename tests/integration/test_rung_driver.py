@@ -28,12 +28,18 @@ def dry_run(root: Path, stages: str, **env_vars: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_a_finished_run_without_checkpoints_runs_again_before_its_fine_tunes(tmp_path: Path):
-    runs = tmp_path / "results" / "runs"
+def write_sweeps(root: Path) -> Path:
+    """Both seed-1 sweeps, finished without checkpoints: best LRs LAMB 1e-2, AdamW 1e-3. The runs' folder."""
+    runs = root / "results" / "runs"
     for lr, loss in (("3e-3", 4.6), ("1e-2", 3.9), ("3e-2", 7.0)):
         write_run(runs, "lamb", lr, "n2", 1, loss, rung=RUNG)
     for lr, loss in (("3e-4", 4.7), ("1e-3", 3.9), ("3e-3", 4.5)):
         write_run(runs, "adamw", lr, "n2", 1, loss, rung=RUNG)
+    return runs
+
+
+def test_a_finished_run_without_checkpoints_runs_again_before_its_fine_tunes(tmp_path: Path):
+    runs = write_sweeps(tmp_path)
     # seed 2 kept its checkpoints: fine-tuned as it is
     (write_run(runs, "lamb", "1e-2", "n2", 2, 3.9, rung=RUNG) / "checkpoints").mkdir()
     lines = dry_run(tmp_path, "finetune")
@@ -59,11 +65,7 @@ def test_a_finished_run_without_checkpoints_runs_again_before_its_fine_tunes(tmp
 def test_a_run_again_that_stopped_midway_stays_pending(tmp_path: Path):
     """After the move to first-run/ and a stop before the new summary, the run is still fine-tuned (pending).
     (A seed-1 sweep run in that state is resumed by its sweep stage, which sees no summary.)"""
-    runs = tmp_path / "results" / "runs"
-    for lr, loss in (("3e-3", 4.6), ("1e-2", 3.9), ("3e-2", 7.0)):
-        write_run(runs, "lamb", lr, "n2", 1, loss, rung=RUNG)
-    for lr, loss in (("3e-4", 4.7), ("1e-3", 3.9), ("3e-3", 4.5)):
-        write_run(runs, "adamw", lr, "n2", 1, loss, rung=RUNG)
+    runs = write_sweeps(tmp_path)
     (runs / "cpu-rung-m-lamb-lr1e-2-n2-s1" / "checkpoints").mkdir()
     (runs / "cpu-rung-m-adamw-lr1e-3-n2-s1" / "checkpoints").mkdir()
     folder = write_run(runs, "lamb", "1e-2", "n2", 2, 3.9, rung=RUNG)
