@@ -102,7 +102,9 @@ apply_rate() {  # id rank rate
 up() {  # id ranks rate
     local id=$1 ranks=$2 rate=$3 hub i ns
     [[ $id =~ ^[0-9]+(-[a-z0-9]+)?$ ]] || die "--id '$id': expected <owner pid>[-<suffix>] (digits, then letters/digits)"
-    is_positive_int "$ranks" && ((ranks <= MAX_RANKS)) || die "--ranks '$ranks': expected 1..$MAX_RANKS"
+    if ! is_positive_int "$ranks" || ((ranks > MAX_RANKS)); then
+        die "--ranks '$ranks': expected 1..$MAX_RANKS"
+    fi
     case ${rate,,} in none | unlimited | 0) ;; *) rate_bits "$rate" >/dev/null ;; esac
     hub=$(hub_ns "$id")
     ip netns add "$hub"
@@ -183,6 +185,7 @@ run() {  # ranks rate port threads -- command...
     local id="$$-run" python i status=0
     local -a pids=()
     down "$id"
+    # shellcheck disable=SC2154  # p is the loop variable inside the handler's own text
     trap 'trap - EXIT INT TERM; for p in ${pids[@]+"${pids[@]}"}; do kill -TERM "$p" 2>/dev/null || true; done; down "'"$id"'"' EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM

@@ -11,7 +11,7 @@
 #       gpu_logs/ to $OUT (else results/bench); ~8 minutes on an H100/H200 (--budget-s 480)
 #   anywhere, on the CPU:         bash bench/gpu/device.sh --cpu-smoke   (the same script at toy sizes)
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && ! command -v nvidia-smi >/dev/null && PY=.venv/bin/python
 # pinned to what this project's CPU environment runs; --no-deps: what the image has stays

@@ -293,9 +293,10 @@ if stage finetune; then
   for task in sst2 mrpc; do
     for seed in 1 2 3; do  # one folder per seed: all_results.json marks each as done
       out=$random/finetune/final/$task-s$seed
+      extra=()
+      [[ $task == sst2 ]] && extra=(task.epochs=1 task.max_length=64)
       [[ -f $out/all_results.json ]] || OMP_NUM_THREADS=2 $PY -m finetune task="$task" model_path="$random" \
-        output_dir="$out" task.lr=1e-4 "seeds=[$seed]" wandb.mode=disabled show_progress=false \
-        $([[ $task == sst2 ]] && echo "task.epochs=1 task.max_length=64")
+        output_dir="$out" task.lr=1e-4 "seeds=[$seed]" wandb.mode=disabled show_progress=false "${extra[@]}"
     done
   done
   for seed in $SEEDS; do
@@ -347,10 +348,10 @@ if stage report; then
     # study and model: results/cpu-study-s32/ holds BERT-tiny's runs, results/cpu-study-s32-<model>/ another's
     other_models="cpu-study-$tag-bert_*"
     if [[ -n $MODEL_TAG ]]; then other_models=none; fi
-    runs=$(find results/cpu-study/runs -maxdepth 1 -name "cpu-study-$tag$MODEL_TAG-*" ! -name "*_f[0-9]*" \
+    run_list=$(find results/cpu-study/runs -maxdepth 1 -name "cpu-study-$tag$MODEL_TAG-*" ! -name "*_f[0-9]*" \
       ! -name "$other_models" | sort | paste -sd,)
-    if [[ -n $runs ]]; then
-      $PY -m results.compare study="cpu-study-$tag$MODEL_TAG" "runs=[$runs]" final_window=10
+    if [[ -n $run_list ]]; then
+      $PY -m results.compare study="cpu-study-$tag$MODEL_TAG" "runs=[$run_list]" final_window=10
     fi
   done
   $PY -m bench fidelity
