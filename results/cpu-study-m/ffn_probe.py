@@ -76,7 +76,7 @@ from torch import Tensor
 from transformers import BertForPreTraining
 
 from data.shards import load_manifest
-from pretrain.checkpoint import load_checkpoint
+from pretrain.checkpoint import CheckpointError, load_checkpoint
 from pretrain.model import ModelConfig, PretrainingObjective, build_model, column_major_linear_weights_
 from pretrain.optim.base import views_like
 from pretrain.optim.params import param_groups
@@ -527,4 +527,7 @@ def _print_step(step: int, result: dict[str, Any], per_layer: bool) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (CheckpointError, OSError) as error:  # a missing run, config or checkpoint: one line
+        raise SystemExit(f"ffn_probe: {error}") from None
