@@ -22,6 +22,9 @@ and the word embeddings) and aggregated per tensor type and per family (attentio
 - cos_posfix: with v rescaled by one factor per position within a segment (a row of a matrix, a column
   of the embeddings), a_i = Σ_s v_true / Σ_s (√v+ε)² over the segments: v corrected only where a
   per-segment scale cannot absorb the error (a factor per segment can);
+- cos_rows: cos_v with the segments running along the other dimension: one scale per row of a matrix
+  (an output unit: for the FFN intermediate matrix, a neuron), per column of the word embeddings: whether
+  a scale per neuron absorbs what v's staleness leaves in the column segments;
 - cos_mom: the one-shot fidelity of ḡ/(√v+ε), ḡ the mean of the batches' gradients (a momentum-like
   average, one per checkpoint);
 - ratio v_true/(√v+ε)² (= E_b[y²] per element; v_true/v where v ≫ ε²): median, 99th percentile, fraction
@@ -93,7 +96,7 @@ LAYER_TENSORS = {
     "ffn_in": ("ffn", "intermediate.dense.weight"),
     "ffn_out": ("ffn", "output.dense.weight"),
 }
-COSINES = ("cos_v", "cos_true", "cos_loo", "cos_rank1", "cos_posfix")
+COSINES = ("cos_v", "cos_true", "cos_loo", "cos_rank1", "cos_posfix", "cos_rows")
 SHARES = ("top1", "top1_seg", "top1_row")
 
 
@@ -376,6 +379,7 @@ def _tensor_stats(
         "cos_loo": _fidelity(grads / (v_loo.sqrt() + eps), along),
         "cos_rank1": _fidelity(grads / (v_rank1.sqrt() + eps), along),
         "cos_posfix": _fidelity(grads / v_posfix.sqrt().clamp(min=eps), along),
+        "cos_rows": _fidelity(grads / (v.sqrt() + eps), 1 - along),
     }
     mean_grad = grads.mean(0, keepdim=True)
     momentum = _fidelity(mean_grad / (v.sqrt() + eps), along)
