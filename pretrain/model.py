@@ -94,9 +94,11 @@ def build_model(cfg: ModelConfig, vocab_size: int, device: torch.device) -> Bert
     return model
 
 
-def column_major_linear_weights_(model: nn.Module) -> int:
+def column_major_linear_weights_(model: nn.Module, skip: tuple[str, ...] = ()) -> int:
     """Store every `nn.Linear` weight column-major (its transpose contiguous), except one tied to an
-    embedding; returns how many. For `optim.compression=per_column`, which gives every input column of these
+    embedding and those whose parameter name ends with one of `skip` (left as they are: the matrices
+    `optim.ffn_row_scales` gives one scale per row, `pretrain.optim.params.ROW_SCALED_MATRICES`); returns
+    how many. For `optim.compression=per_column`, which gives every input column of these
     matrices its own 1-bit scale: the exchange wants each column contiguous, and a row-major weight (with
     its gradient, momentum and variance) would be transposed into that layout and back at every step
     (0.2-0.35 s of BERT-Base's 1-bit step at 2 CPU ranks, issue #15). Column-major, the momentum buffer is
@@ -107,8 +109,10 @@ def column_major_linear_weights_(model: nn.Module) -> int:
     """
     tied = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)}
     count = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         if not isinstance(module, nn.Linear) or id(module.weight) in tied:
+            continue
+        if skip and f"{name}.weight".endswith(skip):
             continue
         weight = module.weight
         if not weight.is_contiguous():  # column-major already

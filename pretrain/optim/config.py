@@ -146,6 +146,12 @@ class _OnebitConfig(OptimizerConfig):
             self.eps = 1e-8
         _require(self.freeze_step >= 1, "freeze_step", f"must be >= 1, got {self.freeze_step}")
         _require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
+        # `ffn_row_scales` (optim=onebit_lamb, optim=onebit_adam): the row-scaled groups must exist
+        _require(
+            not getattr(self, "ffn_row_scales", False) or self.row_scales,
+            "ffn_row_scales",
+            "needs the per_column compression (row-scaled groups); this optimizer's exchange has none",
+        )
 
     def exchange_options(self) -> ExchangeOptions:
         """How the momentum is exchanged (`pretrain.optim.onebit.ExchangeOptions`)."""
@@ -163,6 +169,12 @@ class _OnebitConfig(OptimizerConfig):
     def row_scales(self) -> bool:
         """Whether `param_groups` should put the embeddings in groups with per-row scales."""
         return self.exchange_options().compression.row_scales
+
+    @property
+    def ffn_rows(self) -> bool:
+        """Whether `param_groups` should put the FFN intermediate matrices in the row-scaled group too (and
+        the trainer keep them row-major): `ffn_row_scales` where the exchange has row scales."""
+        return bool(getattr(self, "ffn_row_scales", False)) and self.row_scales
 
 
 @dataclass
@@ -196,6 +208,10 @@ class OnebitLambConfig(_OnebitLambConfig):
     # K >= 2: every K-th compression step refreshes the matrices' variance from the workers' row and column
     # sums of g² (one small exact allreduce per K steps); 0: v stays frozen after freeze_step
     variance_refresh: int = 64
+    # ablation under study (results/cpu-study-m), off by default: the FFN intermediate matrices get one scale
+    # per row (neuron) instead of one per input column: they join the row-scaled group and stay row-major
+    # (`pretrain.optim.params.param_groups(ffn_row_scales=True)`; per_column compression only)
+    ffn_row_scales: bool = False
     # torch.compile the warmup and compression steps (pretrain/optim/compiled.py); sim_world_size=1 only
     # (checked in pretrain/config.py)
     compile: bool = False
@@ -281,6 +297,7 @@ class OnebitAdamConfig(_OnebitConfig):
     sign_scale: SignScale = SignScale.rms
     precondition: bool = False
     scale_dtype: ScaleDtype = ScaleDtype.float32
+    ffn_row_scales: bool = False  # as optim=onebit_lamb's (an ablation, off by default; per_column only)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -23,9 +23,10 @@ phases: to the server of each chunk, back from it) with error feedback on both s
 - `compression`: where the scales apply. `deepspeed` is DeepSpeed's exchange exactly: one scale per rank's
   whole buffer and per server chunk, with κ (per-tensor scaling computed once at the first compression step)
   to equalise tensors. `per_column` gives every tensor its own scales: one per row of the embeddings (the
-  groups flagged `row_scales`, `pretrain.optim.params.param_groups`) and one per input column of every
-  other matrix, so a hidden-state outlier dimension, which feeds one column of every matrix that reads it,
-  does not set the scale of the others. A column is a row of the exchange layout (the compressor's error
+  groups flagged `row_scales`, `pretrain.optim.params.param_groups`; with `optim.ffn_row_scales` the FFN
+  intermediate matrices too, kept row-major) and one per input column of every other matrix, so a
+  hidden-state outlier dimension, which feeds one column of every matrix that reads it, does not set the
+  scale of the others. A column is a row of the exchange layout (the compressor's error
   buffers live in that layout); the trainer stores those matrices column-major
   (`pretrain.model.column_major_linear_weights_`), so their momentum views are that layout already, and a
   row-major matrix is copied into it and back around the exchange.
@@ -116,6 +117,11 @@ class ExchangeOptions:
             if self.exact_vectors and p.dim() <= 1:
                 blocks.append(Block(p.numel(), 1))
             elif rows and id(p) in row_scaled:  # a 1-D row-scaled tensor: rows of one element (exact)
+                if p.dim() >= 2 and not p.is_contiguous():  # its rows must be contiguous runs of the buffer
+                    raise ValueError(
+                        f"a row-scaled {tuple(p.shape)} tensor must be row-major (contiguous): leave it out "
+                        "of column_major_linear_weights_ (its `skip`)"
+                    )
                 blocks.append(Block(p.numel(), p.shape[-1] if p.dim() >= 2 else 1))
             elif columns:  # a row of the exchange layout is one column of the matrix: p.shape[0] elements
                 blocks.append(Block(p.numel(), p.shape[0]))

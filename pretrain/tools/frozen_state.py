@@ -74,8 +74,15 @@ def _ordered(model: nn.Module, config: dict[str, Any]) -> list[tuple[str, dict[s
     preset = ONEBIT_LAMB_ALGORITHM if optim["name"] == "onebit_lamb" else DEEPSPEED_ALGORITHM
     compression = Compression(optim.get("compression", preset.exchange.compression))
     row_scales = optim["name"].startswith("onebit") and compression.row_scales
+    ffn_row_scales = row_scales and bool(optim.get("ffn_row_scales", False))  # absent in older runs
     length = config["batch"]["phases"][0]["max_seq_length"] if masks else None
-    groups = param_groups(model, optim["weight_decay"], max_seq_length=length, row_scales=row_scales)
+    groups = param_groups(
+        model,
+        optim["weight_decay"],
+        max_seq_length=length,
+        row_scales=row_scales,
+        ffn_row_scales=ffn_row_scales,
+    )
     names = {id(param): name for name, param in model.named_parameters()}
     return [(names[id(param)], group) for group in groups for param in group["params"]]
 

@@ -122,19 +122,29 @@ def checkpoint_bytes(cfg: TrainConfig, numel: int, processes: int) -> float:
 
 
 def compression_traffic(
-    model: torch.nn.Module, options: dict[str, Any], world_size: int, max_seq_length: int
+    model: torch.nn.Module,
+    options: dict[str, Any],
+    world_size: int,
+    max_seq_length: int,
+    ffn_row_scales: bool = False,
 ) -> CallTraffic:
     """One compression-stage exchange's bytes per rank for `model`'s parameters with the 1-bit options
-    (`compression`, `exact_vectors`, `scale_dtype`), by the counter
-    formulas the byte tests check against the real collectives (also `bench fidelity`'s BERT-Large costs)."""
+    (`compression`, `exact_vectors`, `scale_dtype`; `ffn_row_scales`: `optim.ffn_row_scales`' groups), by
+    the counter formulas the byte tests check against the real collectives (also `bench fidelity`'s
+    BERT-Large costs)."""
     from pretrain.comm import padded_numel
     from pretrain.comm.compressed_allreduce import ScaleDtype
     from pretrain.optim.onebit import Compression, ExchangeOptions
     from pretrain.optim.params import param_groups
 
     exchange = ExchangeOptions(Compression(options["compression"]), bool(options.get("exact_vectors", False)))
+    row_scales = exchange.compression.row_scales
     groups = param_groups(
-        model, 0.01, max_seq_length=max_seq_length, row_scales=exchange.compression.row_scales
+        model,
+        0.01,
+        max_seq_length=max_seq_length,
+        row_scales=row_scales,
+        ffn_row_scales=row_scales and ffn_row_scales,
     )
     params = [p for group in groups for p in group["params"]]
     row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
@@ -171,7 +181,7 @@ def step_traffic(cfg: TrainConfig, model: torch.nn.Module, world: int) -> tuple[
         return before, None
     options = {key: _plain(value) for key, value in optim.exchange_kwargs().items()}
     seq = cfg.batch.phases[0].max_seq_length
-    call = compression_traffic(model, options, world, seq)
+    call = compression_traffic(model, options, world, seq, bool(getattr(optim, "ffn_rows", False)))
     refresh = 0.0
     if getattr(optim, "variance_refresh", 0):
         refresh = refresh_traffic(model, optim.variance_refresh, world, seq)

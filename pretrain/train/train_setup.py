@@ -39,6 +39,7 @@ from pretrain.observability.diagnostics import Diagnostics, token_counts
 from pretrain.optim import OPTIMIZERS, build_optimizer, param_groups
 from pretrain.optim.config import GradAllreduce
 from pretrain.optim.onebit import Compression, OnebitOptimizer
+from pretrain.optim.params import ROW_SCALED_MATRICES
 from pretrain.optim.protocol import LoopOptimizer, as_training_optimizer
 from pretrain.train.checkpointing import Checkpointer, HfExport
 from pretrain.train.host_memory import keep_freed_memory
@@ -133,7 +134,8 @@ def build_components(cfg: TrainConfig, env: DistributedEnv) -> TrainerComponents
     tokenizer, vocab_size = check_data(cfg, env, workers)
     model = build_model(cfg.model, vocab_size, env.device)
     if Compression(getattr(cfg.optim, "compression", Compression.deepspeed)) is Compression.per_column:
-        column_major_linear_weights_(model)  # the 1-bit exchange's layout (before DDP sees them)
+        # the 1-bit exchange's layout (before DDP sees them); row-scaled matrices stay row-major
+        column_major_linear_weights_(model, skip=ROW_SCALED_MATRICES if _ffn_rows(cfg, compressed) else ())
     num_params = sum(p.numel() for p in model.parameters())
     precision = resolve_precision(cfg.precision, env.device)
     sync = GradientSync(None, env.world_size, getattr(torch, GradAllreduce(cfg.optim.grad_allreduce).value))
@@ -248,14 +250,22 @@ def _with_phase0_freeze_step(cfg: TrainConfig, compressed: bool) -> TrainConfig:
 
 def _param_groups(cfg: TrainConfig, model: torch.nn.Module, compressed: bool) -> list[dict[str, Any]]:
     """The optimizer's groups: a 1-bit optimizer's may add the position embeddings' momentum mask (for
-    phase 0's length; `start_phase` moves it) and row-scaled embeddings (`pretrain.optim.params`)."""
+    phase 0's length; `start_phase` moves it) and row-scaled embeddings, with `optim.ffn_row_scales` the
+    FFN intermediate matrices among them (`pretrain.optim.params`)."""
     masks = compressed and bool(getattr(cfg.optim, "mask_unused_position_embeddings", False))
     return param_groups(
         model,
         cfg.optim.weight_decay,
         max_seq_length=cfg.batch.phases[0].max_seq_length if masks else None,
         row_scales=compressed and bool(getattr(cfg.optim, "row_scales", False)),
+        ffn_row_scales=_ffn_rows(cfg, compressed),
     )
+
+
+def _ffn_rows(cfg: TrainConfig, compressed: bool) -> bool:
+    """`optim.ffn_row_scales` in effect: the FFN intermediate matrices row-scaled and row-major (the groups
+    and the memory layout ask this one place)."""
+    return compressed and bool(getattr(cfg.optim, "ffn_rows", False))
 
 
 def check_data(cfg: TrainConfig, env: DistributedEnv, workers: int) -> tuple[Any, int]:

@@ -167,6 +167,7 @@ _DEEPSPEED = {
     "variance_refresh": 0,
     "refresh_from": "exact",
     "refresh_block": 128,
+    "ffn_row_scales": False,  # optim.ffn_row_scales (an ablation; absent from runs before it: off)
 }
 # `optim=onebit_lamb`: this project's 1-bit LAMB (pretrain/optim/onebit_lamb.py ONEBIT_LAMB_ALGORITHM)
 _ONEBIT_LAMB = {

@@ -111,7 +111,11 @@ def expected_exchange_bytes(cfg, vocab_size: int, world_size: int) -> float:
 
     model = build_model(cfg.model, vocab_size, torch.device("cpu"))
     groups = param_groups(
-        model, cfg.optim.weight_decay, max_seq_length=cfg.batch.phases[0].max_seq_length, row_scales=True
+        model,
+        cfg.optim.weight_decay,
+        max_seq_length=cfg.batch.phases[0].max_seq_length,
+        row_scales=True,
+        ffn_row_scales=cfg.optim.ffn_rows,
     )
     params = [p for group in groups for p in group["params"]]
     row_scaled = {id(p) for group in groups if group.get("row_scales") for p in group["params"]}
@@ -159,6 +163,35 @@ def test_resume_is_bitwise_identical(tiny_data: Path, tmp_path: Path):
     losses = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "straight")}
     resumed_losses = {m["step"]: m["loss"] for m in read_metrics(stopped)}
     assert all(resumed_losses[step] == losses[step] for step in range(17, 23))
+
+
+@pytest.mark.slow
+def test_ffn_row_scales_train_send_their_row_scales_and_resume(tiny_data: Path, tmp_path: Path):
+    """`optim.ffn_row_scales=true` (the FFN intermediates with one scale per row): the replicas agree, the
+    compression stage sends the bytes of that layout, and a run stopped at step 16 resumes (the same groups
+    rebuilt from the config) to the uninterrupted run's parameters bitwise."""
+    option = ["optim.ffn_row_scales=true", "deterministic=true"]
+    straight_dir, stopped = tmp_path / "straight", tmp_path / "stopped"
+    straight = run_local(
+        train_worker, 2, (overrides(tiny_data, straight_dir, "onebit_lamb", "max_steps=20", *option),)
+    )
+    assert straight[0]["digest"] == straight[1]["digest"], "replicas diverged"
+    metrics = read_metrics(straight_dir)
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
+    cfg = compose_train_config(overrides(tiny_data, straight_dir, "onebit_lamb", *option))
+    assert cfg.optim.ffn_rows
+    vocab_size = len(load_prepared_tokenizer(tiny_data / "seq128"))
+    expected = expected_exchange_bytes(cfg, vocab_size, world_size=2)
+    cumulative = [m["bytes_cumulative"] for m in metrics]
+    last_step = cumulative[-1] - cumulative[-2]  # step 20: a compression step with no variance refresh
+    assert metrics[-1]["onebit_stage"] == 1.0 and last_step == expected
+    default_cfg = compose_train_config(overrides(tiny_data, straight_dir, "onebit_lamb"))
+    assert expected > expected_exchange_bytes(default_cfg, vocab_size, world_size=2)  # more rows than columns
+    run_local(train_worker, 2, (overrides(tiny_data, stopped, "onebit_lamb", "max_steps=16", *option),))
+    resumed = run_local(
+        train_worker, 2, (overrides(tiny_data, stopped, "onebit_lamb", "max_steps=20", *option),)
+    )
+    assert resumed[0]["digest"] == straight[0]["digest"] == resumed[1]["digest"]
 
 
 @pytest.mark.slow

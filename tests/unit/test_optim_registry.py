@@ -73,6 +73,8 @@ def test_misspelt_key_fails_at_composition():
         (lambda: OnebitLambDeepspeedConfig(name="onebit_lamb"), "optim.name"),
         (lambda: OnebitAdamConfig(beta2=1.0), "optim.beta2"),
         (lambda: OnebitAdamConfig(name="onebit_lamb"), "optim.name"),
+        # DeepSpeed's exchange has no row-scaled groups to put the FFN intermediates in
+        (lambda: OnebitAdamConfig(ffn_row_scales=True), "optim.ffn_row_scales needs the per_column"),
     ],
 )
 def test_config_checks_name_the_key(factory, message):
