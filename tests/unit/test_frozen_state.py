@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pretrain.tools.frozen_state import frozen_state_rows, main
+from pretrain.tools.frozen_state import _ordered, frozen_state_rows, main
 
 
 def test_rows_flag_the_tensor_whose_variance_froze_small():
@@ -44,3 +44,31 @@ def test_cli_names_a_folder_without_checkpoint(tmp_path, capsys):
     assert main([str(tmp_path / "run" / "checkpoints" / "step-00000010")]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: ") and "step-00000010" in error and len(error.strip().splitlines()) == 1
+
+
+def test_the_optimizer_order_follows_the_runs_ffn_row_scales():
+    """The tool rebuilds the trainer's groups from the run's config: with `optim.ffn_row_scales` the FFN
+    intermediates come after the embeddings, in the row-scaled group (an older run's config has no key)."""
+    from transformers import BertConfig, BertForPreTraining
+
+    model = BertForPreTraining(
+        BertConfig(
+            vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16
+        )
+    )
+    config = {
+        "optim": {"name": "onebit_lamb", "weight_decay": 0.01, "mask_unused_position_embeddings": True},
+        "batch": {"phases": [{"max_seq_length": 12}]},
+    }
+    plain = [name for name, _ in _ordered(model, config)]
+    config["optim"]["ffn_row_scales"] = True
+    ordered = _ordered(model, config)
+    names = [name for name, _ in ordered]
+    ffn = [name for name in plain if name.endswith("intermediate.dense.weight")]
+    assert len(ffn) == 2 and sorted(names) == sorted(plain) and names != plain
+    row_scaled = [name for name, group in ordered if group.get("row_scales") and "exp_avg_mask" not in group]
+    assert row_scaled == [
+        "bert.embeddings.word_embeddings.weight",
+        "bert.embeddings.token_type_embeddings.weight",
+        *ffn,
+    ]

@@ -208,23 +208,29 @@ def test_per_tensor_values_take_each_tensors_shape_and_strides():
     assert [float(v) for v in F.per_tensor(values, like)] == [1.0, 2.0, 3.0, 4.0]  # the reference: 0-dim
 
 
-@pytest.mark.parametrize("name", ["lamb", "onebit_lamb", "onebit_lamb_deepspeed"])
+@pytest.mark.parametrize("name", ["lamb", "onebit_lamb", "onebit_lamb_deepspeed", "onebit_lamb_ffn_rows"])
 def test_whole_steps_on_the_multi_tensor_path_follow_the_cpu_path(name: str):
     """Eight steps (1-bit: four in the compression stage, one with a variance refresh) on each path. Not
     bit for bit: the CPU path's numba loops and BLAS norms sum in another order than ATen's foreach norms,
     and the marginals are summed per shape, so the results agree to float rounding (rtol 1e-5 after
-    eight steps, the drift of a few ulps a step)."""
+    eight steps, the drift of a few ulps a step). `onebit_lamb_ffn_rows`: `optim.ffn_row_scales`' groups
+    (the FFN intermediates in the row-scaled group)."""
     results = []
     for path in (KernelPath.cpu, KernelPath.multi_tensor):
         model = _bert(2)
         if name == "lamb":
             optimizer = _lamb(model)
         else:
-            algorithm = ONEBIT_LAMB_ALGORITHM if name == "onebit_lamb" else DEEPSPEED_ALGORITHM
+            ours = name != "onebit_lamb_deepspeed"
+            algorithm = ONEBIT_LAMB_ALGORITHM if ours else DEEPSPEED_ALGORITHM
             groups = param_groups(
-                model, 0.01, max_seq_length=16, row_scales=algorithm.exchange.compression.row_scales
+                model,
+                0.01,
+                max_seq_length=16,
+                row_scales=algorithm.exchange.compression.row_scales,
+                ffn_row_scales=name == "onebit_lamb_ffn_rows",
             )
-            refresh = 2 if name == "onebit_lamb" else 0
+            refresh = 2 if ours else 0
             optimizer = OnebitLamb(
                 groups, lr=1e-3, freeze_step=4, algorithm=algorithm, variance_refresh=refresh
             )
