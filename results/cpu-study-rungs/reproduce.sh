@@ -30,8 +30,8 @@
 #   onebit_lr   the default at the LRs x3 below and above LAMB's best, seed 1, 2 processes
 #   ablation    rung b: the default at LAMB's best LR, 2 processes, with optim.variance_refresh=8 (seed 1),
 #               freeze_step 160 (the seeds) and 120 (seed 1): cpu-rung-b-abl-<what>-onebit_lamb-...;
-#               rung m: freeze_step 1280 (40 %, after LAMB's loss falls from 6.1 to 5.3), the seeds x the
-#               worker counts
+#               rung m: optim.ffn_row_scales=true (a scale per FFN neuron) and freeze_step 1280 (40 %, after
+#               LAMB's loss falls from 6.1 to 5.3), the seeds x the worker counts
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
@@ -80,6 +80,7 @@ declare -A ARM=(
   [abl-freeze120-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=120"
   [abl-freeze160-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=160"
   [abl-freeze1280-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=1280"
+  [abl-ffnrows-onebit_lamb]="optim=onebit_lamb optim.ffn_row_scales=true"
 )
 
 if stage data && (( ! DRY )); then  # as results/cpu-study/reproduce.sh: the vocabulary, then the seq-32 sample
@@ -242,7 +243,10 @@ for RUNG in $RUNGS; do
   fi
   if stage ablation && [[ $RUNG == m ]]; then  # where the default's gap opens (results/cpu-study-m/README.md)
     for seed in $seeds; do  # both worker counts: the target is missed at 32 simulated workers
-      for workers in $RUNG_WORKERS; do pretrain abl-freeze1280-onebit_lamb "$LAMB_LR" "$workers" "$seed"; done
+      for workers in $RUNG_WORKERS; do
+        pretrain abl-ffnrows-onebit_lamb "$LAMB_LR" "$workers" "$seed"
+        pretrain abl-freeze1280-onebit_lamb "$LAMB_LR" "$workers" "$seed"
+      done
     done
   fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( DRY )); then echo "pending floor $FLOOR"; fi
