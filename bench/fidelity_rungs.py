@@ -323,13 +323,23 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _seeds_status(
-    rung: Rung, arm: Sequence[RungRun], peer: Sequence[RungRun] | None, lamb_sweep: Sweep
+    rung: Rung,
+    arm: Sequence[RungRun],
+    peer: Sequence[RungRun] | None,
+    lamb_sweep: Sweep,
+    wanted: int | None = None,
 ) -> str:
-    """`peer`: LAMB's runs at its best LR (None when the record is LAMB's own)."""
+    """`peer`: LAMB's runs at its best LR (None when the record is LAMB's own); `wanted`: the arm's planned
+    seeds where the plan runs fewer than the rung's (DeepSpeed's seed 1 outside the band of
+    `deepspeed_seed_workers`)."""
     arm_seeds, peer_seeds, seeds = len({r.seed for r in arm}), len({r.seed for r in peer or arm}), rung.seeds
-    if arm_seeds >= seeds and peer_seeds >= seeds and lamb_sweep.complete:
+    if arm_seeds >= (wanted or seeds) and peer_seeds >= seeds and lamb_sweep.complete:
+        if wanted is not None and wanted < seeds:
+            return "complete: seed 1 only (more than 2 LAMB seed std above the target: seeds 2-3 not planned)"
         return "complete"
-    parts = [f"{arm_seeds} of {seeds} seeds"] + ([f"LAMB {peer_seeds} of {seeds} seeds"] if peer else [])
+    parts = [f"{arm_seeds} of {wanted or seeds} seeds"] + (
+        [f"LAMB {peer_seeds} of {seeds} seeds"] if peer else []
+    )
     if not lamb_sweep.complete:
         parts.append(f"LAMB LR sweep {lamb_sweep.status}")
     return "partial: " + ", ".join(parts)
@@ -379,7 +389,7 @@ def _lr_record(rung: Rung, runs: Sequence[RungRun], result: Sweep) -> Record | N
 
 def _ratio_record(
     rung: Rung, name: str, variant: str, lr: str, arm: Sequence[RungRun], peer: Sequence[RungRun],
-    lamb_sweep: Sweep, target: str | None,
+    lamb_sweep: Sweep, target: str | None, wanted: int | None = None,
 ) -> Record | None:  # fmt: skip
     losses, peer_losses = _losses(arm), _losses(peer)
     if not losses or not peer_losses:
@@ -394,7 +404,7 @@ def _ratio_record(
         peer_value=peer_value,
         target=target,
         config=_config(
-            rung, arm, variant, lr, status=_seeds_status(rung, arm, peer, lamb_sweep), std=std,
+            rung, arm, variant, lr, status=_seeds_status(rung, arm, peer, lamb_sweep, wanted), std=std,
             per_seed={r.seed: r.final_mlm_loss for r in arm}, peer_std=peer_std,
             peer_seeds=sorted(r.seed for r in peer), peer_per_seed={r.seed: r.final_mlm_loss for r in peer},
         ),
@@ -482,11 +492,17 @@ def rung_records(rung: Rung, runs_dir: Path | None = None) -> list[Record]:
             {r.workers_tag for r in select(runs, variant, workers=None)}, key=_workers_order
         ):
             arms.append((variant, workers, best, TARGET if variant == "onebit_lamb" else None))
+    banded = {
+        w if w.startswith("n") else f"n{w.removeprefix('sim')}sim" for w in deepspeed_seed_workers(runs, rung)
+    }
     for variant, workers, lr, target in arms:
         arm = select(runs, variant, lr=lr, workers=workers)
         name = f"{variant}_{rung.tag}_{workers}"
+        wanted = None  # DeepSpeed's seeds 2-3 run only within the band (`deepspeed_seed_workers`)
+        if variant == "onebit_lamb_deepspeed" and len(lamb) >= rung.seeds and workers not in banded:
+            wanted = 1
         record = _ratio_record(
-            rung, f"final_mlm_loss_ratio_{name}", variant, lr, arm, lamb, lamb_sweep, target
+            rung, f"final_mlm_loss_ratio_{name}", variant, lr, arm, lamb, lamb_sweep, target, wanted
         )
         if record:
             records.append(record)

@@ -230,6 +230,12 @@ def test_the_scripts_questions(tmp_path: Path, capsys: pytest.CaptureFixture[str
     write_run(tmp_path, "onebit_lamb_deepspeed", "1e-1", "sim32", 1, limit + 0.01)
     runs = load_rung_runs(tmp_path, RUNG)
     assert deepspeed_seed_workers(runs, RUNG) == ["n2"]
+    records = records_of(tmp_path)  # seed 1 alone is the plan outside the band, not a partial arm
+    inside = records["final_mlm_loss_ratio_onebit_lamb_deepspeed_bert_tiny_b1024_n2"].config["status"]
+    outside = records["final_mlm_loss_ratio_onebit_lamb_deepspeed_bert_tiny_b1024_n32sim"].config["status"]
+    assert inside == "partial: 1 of 3 seeds, LAMB 3 of 3 seeds" and outside.startswith(
+        "complete: seed 1 only"
+    )
     main(["spec", "m"])
     spec = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert spec["MODEL"] == "'bert_mini'" and spec["LAMB_LRS"] == "'3e-3 1e-2 3e-2'"
