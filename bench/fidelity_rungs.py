@@ -492,9 +492,7 @@ def rung_records(rung: Rung, runs_dir: Path | None = None) -> list[Record]:
             {r.workers_tag for r in select(runs, variant, workers=None)}, key=_workers_order
         ):
             arms.append((variant, workers, best, TARGET if variant == "onebit_lamb" else None))
-    banded = {
-        w if w.startswith("n") else f"n{w.removeprefix('sim')}sim" for w in deepspeed_seed_workers(runs, rung)
-    }
+    banded = {_tag(w) for w in deepspeed_seed_workers(runs, rung)}
     for variant, workers, lr, target in arms:
         arm = select(runs, variant, lr=lr, workers=workers)
         name = f"{variant}_{rung.tag}_{workers}"
@@ -536,6 +534,11 @@ def all_rung_records() -> list[Record]:
 
 
 # -- answers for the study script -------------------------------------------------------------------------
+def _tag(workers: str) -> str:
+    """A worker count as the script names it (`n2`, `sim32`) -> as the records do (`n2`, `n32sim`)."""
+    return workers if workers.startswith("n") else f"n{workers.removeprefix('sim')}sim"
+
+
 def deepspeed_seed_workers(runs: Sequence[RungRun], rung: Rung) -> list[str]:
     """Worker counts where DeepSpeed's seed-1 final MLM loss is at most 2 LAMB seed std above the target
     (1.01 x LAMB's mean): the issue runs its seeds 2-3 there. A seed-1 loss far below the target counts too:
@@ -549,7 +552,7 @@ def deepspeed_seed_workers(runs: Sequence[RungRun], rung: Rung) -> list[str]:
     mean, std = _mean_std(losses)
     out = []
     for workers in rung.workers:
-        tag = workers if workers.startswith("n") else f"n{workers.removeprefix('sim')}sim"
+        tag = _tag(workers)
         first = _losses(select(runs, "onebit_lamb_deepspeed", lr=best, workers=tag, seed=1))
         if first and first[0] <= 1.01 * mean + 2 * std:
             out.append(workers)
