@@ -14,6 +14,9 @@
   uninterrupted compiled run ends (the compiled path is deterministic).
 - With column-major matrices (`pretrain.model.column_major_linear_weights_`, what the trainer makes of
   them for `per_column`) the compiled step transposes nothing and still follows the eager row-major run.
+- With a matrix in a row-scaled group and kept row-major (what `optim.ffn_row_scales` makes of the FFN
+  intermediate matrices) beside column-major ones, the compiled step follows the eager step of the same
+  groups.
 """
 
 from __future__ import annotations
@@ -33,7 +36,12 @@ FREEZE_STEP, STEPS, SAVE_AFTER = 2, 8, 5
 VOCAB, USED_TOKENS, WIDTH = 40, 30, 24
 
 
-def _model(column_major: bool = False) -> torch.nn.Module:
+# "_ffnrows": the first linear weight (`1.weight`) row-scaled and row-major, as `optim.ffn_row_scales` makes
+# of the FFN intermediate matrices (`pretrain.optim.params.ROW_SCALED_MATRICES`)
+ROW_SCALED = ("1.weight",)
+
+
+def _model(column_major: bool = False, ffn_rows: bool = False) -> torch.nn.Module:
     from pretrain.model import column_major_linear_weights_
 
     torch.manual_seed(0)
@@ -42,7 +50,7 @@ def _model(column_major: bool = False) -> torch.nn.Module:
         torch.nn.Linear(48, 20),
     )  # fmt: skip
     if column_major:
-        assert column_major_linear_weights_(model) == 2
+        assert column_major_linear_weights_(model, skip=ROW_SCALED if ffn_rows else ()) == 2 - ffn_rows
     return model
 
 
@@ -52,13 +60,18 @@ def _optimizer(model: torch.nn.Module, compile: bool, warmup: str):
     # this process only: the warmup's matrices through the compiled kernels, its vectors through the
     # eager foreach step (the default threshold would send every tensor of this small model there)
     compiled.COMPILED_MIN_NUMEL = 100
+    ffn_rows = warmup.endswith("_ffnrows")
+    warmup = warmup.removesuffix("_ffnrows")
     embedding, *rest = model.parameters()
+    rows = [p for name, p in model.named_parameters() if ffn_rows and name in ROW_SCALED]
     mask = (torch.arange(VOCAB) < USED_TOKENS).float().unsqueeze(1)
     groups = [
-        {"params": [p for p in rest if p.dim() > 1], "weight_decay": 0.01},
+        {"params": [p for p in rest if p.dim() > 1 and not any(p is r for r in rows)], "weight_decay": 0.01},
         {"params": [p for p in rest if p.dim() == 1], "weight_decay": 0.0},
         {"params": [embedding], "weight_decay": 0.01, "row_scales": True, "exp_avg_mask": mask},
     ]
+    if rows:
+        groups.append({"params": rows, "weight_decay": 0.01, "row_scales": True})
     # "nvlamb_refresh": nvlamb with the variance refreshed from the row and column sums of g² at steps 4, 6
     # and 8 (eager, before the compiled compression step; the resume at 5 carries step 5's sums)
     refresh = dict(variance_refresh=2) if warmup == "nvlamb_refresh" else {}
@@ -98,7 +111,8 @@ def _set_gradients(model: torch.nn.Module, rank: int, step: int, average: bool) 
 def _train(
     rank: int, world_size: int, folder: str, compile: bool, resume: bool, warmup: str, column_major: bool
 ) -> dict:
-    model = _model(column_major)
+    ffn_rows = warmup.endswith("_ffnrows")
+    model = _model(column_major, ffn_rows)
     optimizer = _optimizer(model, compile, warmup)
     segment = optimizer._ensure_state()[0]
     assert (segment.transposed is None) == column_major  # column-major: nothing to transpose
@@ -130,7 +144,13 @@ def _train(
 
 @pytest.mark.parametrize(
     ("world_size", "warmup", "column_major"),
-    [(2, "nvlamb", False), (3, "deepspeed", False), (2, "nvlamb_refresh", False), (2, "nvlamb", True)],
+    [
+        (2, "nvlamb", False),
+        (3, "deepspeed", False),
+        (2, "nvlamb_refresh", False),
+        (2, "nvlamb", True),
+        (2, "nvlamb_ffnrows", True),
+    ],
 )
 def test_compiled_steps_follow_the_eager_steps(tmp_path, world_size, warmup, column_major):
     eager = run_distributed(_train, world_size, (str(tmp_path), False, False, warmup, False))[0]
