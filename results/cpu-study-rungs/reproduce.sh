@@ -31,7 +31,8 @@
 #   ablation    rung b: the default at LAMB's best LR, 2 processes, with optim.variance_refresh=8 (seed 1),
 #               freeze_step 160 (the seeds) and 120 (seed 1): cpu-rung-b-abl-<what>-onebit_lamb-...;
 #               rung m: optim.ffn_row_scales=true (a scale per FFN neuron) and freeze_step 1280 (40 %, after
-#               LAMB's loss falls from 6.1 to 5.3), the seeds x the worker counts
+#               LAMB's loss falls from 6.1 to 5.3), the seeds x the worker counts; and LAMB itself at 32
+#               simulated workers (abl-lamb, the seeds): the peer's own trajectory there, nothing compressed
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
@@ -81,6 +82,8 @@ declare -A ARM=(
   [abl-freeze160-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=160"
   [abl-freeze1280-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=1280"
   [abl-ffnrows-onebit_lamb]="optim=onebit_lamb optim.ffn_row_scales=true"
+  # the control: LAMB itself at simulated workers (nothing compressed; the gradient is that of the n-worker run)
+  [abl-lamb]="optim=lamb"
 )
 
 if stage data && (( ! DRY )); then  # as results/cpu-study/reproduce.sh: the vocabulary, then the seq-32 sample
@@ -246,6 +249,8 @@ for RUNG in $RUNGS; do
       for workers in $RUNG_WORKERS; do
         pretrain abl-ffnrows-onebit_lamb "$LAMB_LR" "$workers" "$seed"
         pretrain abl-freeze1280-onebit_lamb "$LAMB_LR" "$workers" "$seed"
+        # what LAMB's own trajectory does at this worker count: the peer without compression
+        if [[ $workers == sim* ]]; then pretrain abl-lamb "$LAMB_LR" "$workers" "$seed"; fi
       done
     done
   fi

@@ -79,3 +79,23 @@ def test_a_run_again_that_stopped_midway_stays_pending(tmp_path: Path):
     ]
     assert sum(line.startswith(f"pending fine-tune {folder.relative_to(tmp_path)}/") for line in lines) == 3
     assert len([line for line in lines if line.startswith("pending fine-tune")]) == 9
+
+
+def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Path):
+    """Stage `ablation` of rung M: both ablations at both worker counts, and LAMB itself (the peer's own
+    trajectory, nothing compressed) only where the workers are simulated; a finished one is not listed."""
+    runs = write_sweeps(tmp_path)
+    write_run(runs, "abl-ffnrows-onebit_lamb", "1e-2", "n2", 1, 3.9, rung=RUNG)
+    pending = [
+        line.removeprefix("pending ") for line in dry_run(tmp_path, "ablation") if line.startswith("pending")
+    ]
+    expected = []
+    for seed in (1, 2, 3):
+        for workers in ("n2", "sim32"):
+            expected += [
+                f"cpu-rung-m-abl-{arm}-onebit_lamb-lr1e-2-{workers}-s{seed}"
+                for arm in ("ffnrows", "freeze1280")
+            ]
+            if workers == "sim32":
+                expected.append(f"cpu-rung-m-abl-lamb-lr1e-2-sim32-s{seed}")
+    assert pending == expected[1:]  # seed 1's ffnrows at 2 processes finished
