@@ -47,7 +47,8 @@
 #             them compressed, where LAMB leaves the unigram stage (> 25% masked-LM accuracy); reported apart in
 #             results/cpu-study-s32/ (S32_ARMS="<arms>", WORKERS="<workers>" for subsets; MODEL=<another>:
 #             runs cpu-study-s32-<model>-*, reported in results/cpu-study-s32-<model>/; on one GPU add
-#             SIM_PROCESSES=1 and run LAMB at WORKERS=n1)
+#             SIM_PROCESSES=1 and run LAMB at WORKERS=n1; S32_ARMS=lamb WORKERS=sim32: LAMB's own run at 32
+#             simulated workers, the peer at that worker count)
 #   s32_finetune  the seq-32 main arms' final checkpoints (S32_FT_ARMS="<arms>", WORKERS="<workers>" for
 #             subsets) and the randomly initialised model (the floor) on SST-2's full training set at length
 #             32, the pretraining length (1 epoch, LR S32_FT_LR, default 1e-3: chosen on LAMB's seed-1
@@ -254,7 +255,9 @@ if stage s32; then  # seq 32: LAMB past the unigram stage on 2 cores (conf/batch
   for seed in $SEEDS; do
     for arm in ${S32_ARMS:-lamb remedy_nv_lv remedy_nv_lv_k64 deepspeed}; do
       for workers in ${WORKERS:-n2 sim32}; do
-        [[ $arm == lamb && $workers == sim* ]] && continue  # LAMB averages the same gradient at any count
+        # LAMB at simulated workers only on request (S32_ARMS=lamb WORKERS=sim32): the control, since each
+        # worker's MLM loss is the mean over its own sequences' masked tokens, as on real ranks
+        [[ $arm == lamb && $workers == sim* && -z ${WORKERS:-} ]] && continue
         pretrain "$arm" "$workers" "$seed" cpu_study_s32
       done
     done
