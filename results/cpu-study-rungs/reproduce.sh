@@ -32,7 +32,9 @@
 #               freeze_step 160 (the seeds) and 120 (seed 1): cpu-rung-b-abl-<what>-onebit_lamb-...;
 #               rung m: optim.ffn_row_scales=true (a scale per FFN neuron) and freeze_step 1280 (40 %, after
 #               LAMB's loss falls from 6.1 to 5.3), the seeds x the worker counts; and LAMB itself at 32
-#               simulated workers (abl-lamb, the seeds): the peer's own trajectory there, nothing compressed
+#               simulated workers (abl-lamb, the seeds): the peer's own trajectory there, nothing compressed;
+#               and the default at 8 simulated workers (16 sequences each; the seeds): whether the cost at 32
+#               simulated workers (4 each) follows each worker's share
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
@@ -108,7 +110,7 @@ children_cpu() {  # children_cpu <`times` output>: its second line (children: us
 
 run_name() { echo "cpu-rung-$RUNG-$1-lr$2-$3-s$4"; }  # run_name <arm> <lr> <workers> <seed>
 
-# pretrain <arm> <lr> <workers: n2 | sim32 | sim64> <seed>
+# pretrain <arm> <lr> <workers: n2 | sim8 | sim32 | sim64> <seed>
 pretrain() {
   local arm=$1 lr=$2 workers=$3 seed=$4
   local run
@@ -252,6 +254,8 @@ for RUNG in $RUNGS; do
         # what LAMB's own trajectory does at this worker count: the peer without compression
         if [[ $workers == sim* ]]; then pretrain abl-lamb "$LAMB_LR" "$workers" "$seed"; fi
       done
+      # between 2 processes (64 sequences per worker) and 32 simulated workers (4): 16 per worker
+      pretrain onebit_lamb "$LAMB_LR" sim8 "$seed"
     done
   fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( DRY )); then echo "pending floor $FLOOR"; fi
