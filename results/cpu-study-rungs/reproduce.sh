@@ -33,8 +33,8 @@
 #               rung m: optim.ffn_row_scales=true (a scale per FFN neuron) and freeze_step 1280 (40 %, after
 #               LAMB's loss falls from 6.1 to 5.3), the seeds x the worker counts; and LAMB itself at 32
 #               simulated workers (abl-lamb, the seeds): the peer's own trajectory there, nothing compressed;
-#               and the default at 8 simulated workers (16 sequences each; the seeds): whether the cost at 32
-#               simulated workers (4 each) follows each worker's share
+#               and the default and LAMB at 8 simulated workers (16 sequences each; the seeds): whether the
+#               cost at 32 simulated workers (4 each) follows each worker's share
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
@@ -254,8 +254,10 @@ for RUNG in $RUNGS; do
         # what LAMB's own trajectory does at this worker count: the peer without compression
         if [[ $workers == sim* ]]; then pretrain abl-lamb "$LAMB_LR" "$workers" "$seed"; fi
       done
-      # between 2 processes (64 sequences per worker) and 32 simulated workers (4): 16 per worker
+      # between 2 processes (64 sequences per worker) and 32 simulated workers (4): 16 per worker, with
+      # LAMB at the same count to pair it with (the seeds' spread across worker counts hides a 1 % cost)
       pretrain onebit_lamb "$LAMB_LR" sim8 "$seed"
+      pretrain abl-lamb "$LAMB_LR" sim8 "$seed"
     done
   fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( DRY )); then echo "pending floor $FLOOR"; fi

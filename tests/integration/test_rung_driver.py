@@ -83,8 +83,8 @@ def test_a_run_again_that_stopped_midway_stays_pending(tmp_path: Path):
 
 def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Path):
     """Stage `ablation` of rung M: both ablations at both worker counts, LAMB itself (the peer's own
-    trajectory, nothing compressed) only where the workers are simulated, and the default at 8 simulated
-    workers; a finished one is not listed."""
+    trajectory, nothing compressed) only where the workers are simulated, and the default and LAMB at 8
+    simulated workers; a finished one is not listed."""
     runs = write_sweeps(tmp_path)
     write_run(runs, "abl-ffnrows-onebit_lamb", "1e-2", "n2", 1, 3.9, rung=RUNG)
     pending = [
@@ -100,4 +100,5 @@ def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Pa
             if workers == "sim32":
                 expected.append(f"cpu-rung-m-abl-lamb-lr1e-2-sim32-s{seed}")
         expected.append(f"cpu-rung-m-onebit_lamb-lr1e-2-sim8-s{seed}")
+        expected.append(f"cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}")
     assert pending == expected[1:]  # seed 1's ffnrows at 2 processes finished
