@@ -42,7 +42,9 @@
 #   finetune    SST-2 (full training set, length 32, 1 epoch) of every finished run at its arm's best LR that
 #               did not diverge, seed = the run's (rungs m, s: seeds 1-3 each), and the floor at seeds 1-3; LR:
 #               the check's best for LAMB's checkpoint (FT_LR=<lr> overrides it; before any check, the
-#               seq-32 study's 1e-3)
+#               seq-32 study's 1e-3). With this stage on, a run that finishes at its arm's best LR once the
+#               check has chosen is fine-tuned before the next run starts: a machine's checkpoints may not
+#               outlive it, and a run kept without them runs again for its fine-tunes
 #   report      keep the runs' small files in results/cpu-study/runs/, `make compare` of the best-LR
 #               runs (results/cpu-study-<rung>/report.md), the records (python -m bench fidelity)
 # DRY=1 lists the pretraining runs still to do (sweeps: the planned LRs) and runs nothing; MAX_RUNS=<n> stops
@@ -146,6 +148,7 @@ pretrain() {
     $(( $(children_cpu results/runs/.times-after) - $(children_cpu results/runs/.times-before) )) \
     "$load" "$(cut -d' ' -f1 /proc/loadavg)" >> "$TIMES"
   STARTED=$(( STARTED + 1 ))
+  fine_tune_now "$run"
 }
 
 # tune <lamb | adamw>: the planned LRs, then one beyond an edge while the best sits at one
@@ -203,16 +206,43 @@ finished() {  # finished <run folder>: the folder holding its summary (the run's
 sst2() {  # sst2 <model folder> <output folder> <LR> <seed>
   [[ -f $2/all_results.json ]] && return 0
   restore_checkpoint "$1"
+  [[ -f $2/all_results.json ]] && return 0  # the run again fine-tuned itself (fine_tune_now)
   (( DRY )) && { echo "pending fine-tune $2"; return 0; }
   [[ -d $1/checkpoints ]] || { echo "reproduce.sh: $1 has no checkpoints: fine-tune $2 left pending" >&2; return 0; }
   nice -n "$NICE" env OMP_NUM_THREADS=2 $PY -m finetune task=sst2 model_path="$1" output_dir="$2" task.lr="$3" \
     task.epochs=1 task.max_length=32 "seeds=[$4]" wandb.mode=disabled show_progress=false
 }
 
+# fine_tune_run <run folder> <LR>: SST-2 on the run's final checkpoint at the rung's fine-tune seeds (one: the
+# run's own seed); a run that diverged is not fine-tuned (the records count it)
+fine_tune_run() {
+  local run=$1 lr=$2 kept ft_seed
+  kept=$(finished "$run")
+  [[ -n $kept ]] || return 0
+  diverged "$kept" && return 0
+  if (( FT_SEEDS == 1 )); then
+    sst2 "$run" "$run/finetune/final/sst2-len32" "$lr" "${run##*-s}"
+  else
+    for ft_seed in $(seq "$FT_SEEDS"); do sst2 "$run" "$run/finetune/final/sst2-len32-s$ft_seed" "$lr" "$ft_seed"; done
+  fi
+}
+
+# fine_tune_now <run name>: with stage finetune on, a run just finished at its arm's best LR is fine-tuned
+# before the next run starts, once the SST-2 LR check has chosen (or FT_LR is given)
+fine_tune_now() {
+  stage finetune || return 0
+  [[ $1 =~ ^cpu-rung-$RUNG-(lamb-lr$LAMB_LR|adamw-lr$ADAMW_LR|onebit_lamb-lr$LAMB_LR|onebit_lamb_deepspeed-lr$LAMB_LR)-(n|sim)[0-9]+-s[0-9]+$ ]] || return 0
+  local lr next
+  read -r lr next < <($PY -m bench.fidelity_rungs ft-lr "$RUNG" "$FOLDER")
+  [[ -n $FT_LR || $next == - ]] || return 0
+  fine_tune_run "results/runs/$1" "${FT_LR:-$lr}"
+}
+
 MODEL="" BATCH="" GLOBAL="" LAMB_LRS="" ADAMW_LRS="" RUNG_WORKERS="" LOG_EVERY="" MODEL_ARGS="" RUNG_SEEDS=""
 FT_SEEDS="" CHECKPOINT_EVERY=""
 for RUNG in $RUNGS; do
   eval "$($PY -m bench.fidelity_rungs spec "$RUNG")"  # sets the variables above
+  LAMB_LR="" ADAMW_LR=""  # the best LRs once the sweeps are done (fine_tune_now), not the last rung's
   seeds=${SEEDS:-$RUNG_SEEDS}
   FOLDER=results/cpu-study-$RUNG
   FLOOR=results/runs/cpu-rung-floor-$MODEL
@@ -270,7 +300,7 @@ for RUNG in $RUNGS; do
     lamb=results/runs/cpu-rung-$RUNG-lamb-lr$LAMB_LR-n2-s1
     checked=""
     while [[ -n $(finished "$lamb") && -d $FLOOR/checkpoints ]]; do
-      read -r _ lr < <($PY -m bench.fidelity_rungs ft-lr "$RUNG")
+      read -r _ lr < <($PY -m bench.fidelity_rungs ft-lr "$RUNG" "$FOLDER")
       [[ $lr == - ]] && break
       if [[ $lr == "$checked" ]]; then echo "reproduce.sh: SST-2 at LR $lr left no result" >&2; exit 1; fi
       checked=$lr
@@ -279,20 +309,13 @@ for RUNG in $RUNGS; do
     done
   fi
   if stage finetune; then
-    read -r ft_lr _ < <($PY -m bench.fidelity_rungs ft-lr "$RUNG")
+    read -r ft_lr _ < <($PY -m bench.fidelity_rungs ft-lr "$RUNG" "$FOLDER")
     ft_lr=${FT_LR:-$ft_lr}
     if [[ -d $FLOOR/checkpoints ]]; then
       for seed in 1 2 3; do sst2 "$FLOOR" "$FLOOR/finetune/final/sst2-len32-s$seed" "$ft_lr" "$seed"; done
     fi
     for run in results/runs/cpu-rung-"$RUNG"-{lamb-lr"$LAMB_LR",adamw-lr"$ADAMW_LR",onebit_lamb-lr"$LAMB_LR",onebit_lamb_deepspeed-lr"$LAMB_LR"}-*; do
-      kept=$(finished "$run")
-      [[ -n $kept ]] || continue
-      diverged "$kept" && continue  # nothing to fine-tune; the records count it
-      if (( FT_SEEDS == 1 )); then
-        sst2 "$run" "$run/finetune/final/sst2-len32" "$ft_lr" "${run##*-s}"
-      else
-        for seed in $(seq "$FT_SEEDS"); do sst2 "$run" "$run/finetune/final/sst2-len32-s$seed" "$ft_lr" "$seed"; done
-      fi
+      fine_tune_run "$run" "$ft_lr"
     done
   fi
   if stage report && (( ! DRY )); then

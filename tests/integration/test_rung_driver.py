@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from bench.fidelity_rungs import RUNGS
-from tests.unit.test_bench_fidelity_rungs import write_run
+from tests.unit.test_bench_fidelity_rungs import write_finetune, write_run
 
 REPO = Path(__file__).resolve().parents[2]
 RUNG = RUNGS["m"]  # LAMB 3e-3 1e-2 3e-2, AdamW 3e-4 1e-3 3e-3; fine-tunes at seeds 1-3
@@ -102,3 +102,66 @@ def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Pa
         expected.append(f"cpu-rung-m-onebit_lamb-lr1e-2-sim8-s{seed}")
         expected.append(f"cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}")
     assert pending == expected[1:]  # seed 1's ffnrows at 2 processes finished
+
+
+FAKE_LAUNCHER = """#!/usr/bin/env bash
+# the study's launcher, faked: the named run finishes at once from its template, with checkpoints
+for arg; do case $arg in run_name=*) name=${arg#run_name=} ;; seed=*) seed=${arg#seed=} ;; esac; done
+echo "pretrain $name seed=$seed" >> calls.log
+mkdir -p "results/runs/$name/checkpoints"
+cp "templates/$name"/* "results/runs/$name/"
+"""
+
+FAKE_FINETUNE = """import json, pathlib, sys
+args = dict(arg.split("=", 1) for arg in sys.argv[1:])
+out = pathlib.Path(args["output_dir"])
+out.mkdir(parents=True, exist_ok=True)
+seed = args["seeds"].strip("[]")
+with open("calls.log", "a") as log:
+    log.write(f"finetune {out} lr={args['task.lr']}\\n")
+result = {"task": "sst2", "main_metric_key": "accuracy", "per_seed": {seed: {"accuracy": 0.8}}}
+(out / "all_results.json").write_text(json.dumps(result))
+"""
+
+
+def test_a_best_lr_run_is_fine_tuned_before_the_next_run_starts(tmp_path: Path):
+    """With stage finetune on and the SST-2 LR chosen, each run at its arm's best LR gets its fine-tunes as
+    soon as it finishes (a machine's checkpoints may not outlive it); a run kept without checkpoints runs
+    again, fine-tuned once; the loop's seed is the run's (not the fine-tunes')."""
+    write_sweeps(tmp_path)
+    templates = tmp_path / "templates"
+    for optimizer, lr in (("lamb", "1e-2"), ("adamw", "1e-3")):
+        for seed in (1, 2):
+            write_run(templates, optimizer, lr, "n2", seed, 3.9, rung=RUNG)
+    # the LR check on LAMB's seed-1 checkpoint: 1e-3 best, inside the planned LRs, so chosen
+    for lr, accuracy in (("3e-4", 0.78), ("1e-3", 0.80), ("3e-3", 0.50)):
+        check = tmp_path / "results" / "cpu-study-m" / f"finetune-lr{lr}" / "cpu-rung-m-lamb-lr1e-2-n2-s1"
+        write_finetune(check, 1, accuracy)
+    launcher = tmp_path / "launch" / "torchrun.sh"
+    launcher.parent.mkdir()
+    launcher.write_text(FAKE_LAUNCHER)
+    launcher.chmod(0o755)
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "finetune" / "__main__.py").write_text(FAKE_FINETUNE)  # found before the project's
+    script = tmp_path / "results" / "cpu-study-rungs" / "reproduce.sh"
+    dry_run(tmp_path, "seeds")  # copies the driver in
+    env = {**os.environ, "RUNGS": "m", "STAGES": "seeds finetune", "SEEDS": "2", "NICE": "0"}
+    done = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+
+    def block(name: str, seed: int) -> list[str]:
+        run = f"results/runs/{name}"
+        fine_tunes = [f"finetune {run}/finetune/final/sst2-len32-s{s} lr=1e-3" for s in (1, 2, 3)]
+        return [f"pretrain {name} seed={seed}", *fine_tunes]
+
+    assert calls == [
+        *block("cpu-rung-m-lamb-lr1e-2-n2-s2", 2),  # stage seeds: each run fine-tuned as it finishes
+        *block("cpu-rung-m-adamw-lr1e-3-n2-s2", 2),  # at the loop's seed 2
+        *block("cpu-rung-m-lamb-lr1e-2-n2-s1", 1),  # stage finetune: kept without checkpoints, run again
+        *block("cpu-rung-m-adamw-lr1e-3-n2-s1", 1),
+    ]
+    first = tmp_path / "results" / "runs" / "cpu-rung-m-lamb-lr1e-2-n2-s1" / "first-run"
+    assert (first / "summary.json").is_file()  # the first run's files kept aside
