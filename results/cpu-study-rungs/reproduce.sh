@@ -230,8 +230,8 @@ fine_tune_run() {
 # fine_tune_now <run name>: with stage finetune on, a run just finished at its arm's best LR is fine-tuned
 # before the next run starts, once the SST-2 LR check has chosen (or FT_LR is given)
 fine_tune_now() {
-  stage finetune || return 0
-  [[ $1 =~ ^cpu-rung-$RUNG-(lamb-lr$LAMB_LR|adamw-lr$ADAMW_LR|onebit_lamb-lr$LAMB_LR|onebit_lamb_deepspeed-lr$LAMB_LR)-(n|sim)[0-9]+-s[0-9]+$ ]] || return 0
+  stage finetune && [[ -n $TUNED ]] || return 0
+  [[ $1 =~ ^cpu-rung-$RUNG-(${TUNED// /|})-(n|sim)[0-9]+-s[0-9]+$ ]] || return 0
   local lr next
   read -r lr next < <($PY -m bench.fidelity_rungs ft-lr "$RUNG" "$FOLDER")
   [[ -n $FT_LR || $next == - ]] || return 0
@@ -242,7 +242,7 @@ MODEL="" BATCH="" GLOBAL="" LAMB_LRS="" ADAMW_LRS="" RUNG_WORKERS="" LOG_EVERY="
 FT_SEEDS="" CHECKPOINT_EVERY=""
 for RUNG in $RUNGS; do
   eval "$($PY -m bench.fidelity_rungs spec "$RUNG")"  # sets the variables above
-  LAMB_LR="" ADAMW_LR=""  # the best LRs once the sweeps are done (fine_tune_now), not the last rung's
+  TUNED=""  # the fine-tuned arms, once the sweeps are done (not the last rung's)
   seeds=${SEEDS:-$RUNG_SEEDS}
   FOLDER=results/cpu-study-$RUNG
   FLOOR=results/runs/cpu-rung-floor-$MODEL
@@ -251,6 +251,8 @@ for RUNG in $RUNGS; do
   stage adamw_sweep && tune adamw
   LAMB_LR=$(best_lr lamb)
   ADAMW_LR=$(best_lr adamw)
+  # the runs fine-tuned, by name prefix: each arm at its best LR, the 1-bit arms at LAMB's
+  TUNED="lamb-lr$LAMB_LR adamw-lr$ADAMW_LR onebit_lamb-lr$LAMB_LR onebit_lamb_deepspeed-lr$LAMB_LR"
   if stage seeds; then
     for seed in $seeds; do
       pretrain lamb "$LAMB_LR" n2 "$seed"
@@ -314,8 +316,8 @@ for RUNG in $RUNGS; do
     if [[ -d $FLOOR/checkpoints ]]; then
       for seed in 1 2 3; do sst2 "$FLOOR" "$FLOOR/finetune/final/sst2-len32-s$seed" "$ft_lr" "$seed"; done
     fi
-    for run in results/runs/cpu-rung-"$RUNG"-{lamb-lr"$LAMB_LR",adamw-lr"$ADAMW_LR",onebit_lamb-lr"$LAMB_LR",onebit_lamb_deepspeed-lr"$LAMB_LR"}-*; do
-      fine_tune_run "$run" "$ft_lr"
+    for prefix in $TUNED; do
+      for run in results/runs/cpu-rung-"$RUNG"-"$prefix"-*; do fine_tune_run "$run" "$ft_lr"; done
     done
   fi
   if stage report && (( ! DRY )); then

@@ -15,13 +15,19 @@ REPO = Path(__file__).resolve().parents[2]
 RUNG = RUNGS["m"]  # LAMB 3e-3 1e-2 3e-2, AdamW 3e-4 1e-3 3e-3; fine-tunes at seeds 1-3
 
 
-def dry_run(root: Path, stages: str, **env_vars: str) -> list[str]:
-    """The driver, copied into `root` (its python: this interpreter's venv), listing what is pending."""
+def install_driver(root: Path) -> Path:
+    """The driver, copied into `root` (its python: this interpreter's venv)."""
     script = root / "results" / "cpu-study-rungs" / "reproduce.sh"
     script.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "results" / "cpu-study-rungs" / "reproduce.sh", script)
     if not (root / ".venv").exists():
         (root / ".venv").symlink_to(Path(sys.prefix))
+    return script
+
+
+def dry_run(root: Path, stages: str, **env_vars: str) -> list[str]:
+    """The driver in `root`, listing what is pending."""
+    script = install_driver(root)
     env = {**os.environ, "DRY": "1", "RUNGS": "m", "STAGES": stages, **env_vars}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -143,8 +149,7 @@ def test_a_best_lr_run_is_fine_tuned_before_the_next_run_starts(tmp_path: Path):
     launcher.chmod(0o755)
     (tmp_path / "finetune").mkdir()
     (tmp_path / "finetune" / "__main__.py").write_text(FAKE_FINETUNE)  # found before the project's
-    script = tmp_path / "results" / "cpu-study-rungs" / "reproduce.sh"
-    dry_run(tmp_path, "seeds")  # copies the driver in
+    script = install_driver(tmp_path)
     env = {**os.environ, "RUNGS": "m", "STAGES": "seeds finetune", "SEEDS": "2", "NICE": "0"}
     done = subprocess.run(
         ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
