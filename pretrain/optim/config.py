@@ -212,9 +212,6 @@ class OnebitLambConfig(_OnebitLambConfig):
     # per row (neuron) instead of one per input column: they join the row-scaled group and stay row-major
     # (`pretrain.optim.params.param_groups(ffn_row_scales=True)`; per_column compression only)
     ffn_row_scales: bool = False
-    # ablation under study (results/cpu-study-m), off by default: the refresh estimates the global batch's
-    # mean square from each worker's g² and g_t ⊙ g_(t-1) instead of each worker's own mean square
-    refresh_unbiased: bool = False
     # torch.compile the warmup and compression steps (pretrain/optim/compiled.py); sim_world_size=1 only
     # (checked in pretrain/config.py)
     compile: bool = False
@@ -229,11 +226,6 @@ class OnebitLambConfig(_OnebitLambConfig):
             "variance_refresh",
             f"must be 0 (off) or >= 2, got {self.variance_refresh}",
         )
-        _require(
-            not self.refresh_unbiased or self.variance_refresh >= 2,
-            "refresh_unbiased",
-            f"needs variance_refresh >= 2, got {self.variance_refresh}",
-        )
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         return {
@@ -241,7 +233,6 @@ class OnebitLambConfig(_OnebitLambConfig):
             "max_coeff": self.max_coeff,
             "max_grad_norm": self.max_grad_norm,
             "variance_refresh": self.variance_refresh,
-            "refresh_unbiased": self.refresh_unbiased,
             "compile": self.compile,
         }
 

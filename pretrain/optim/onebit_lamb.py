@@ -30,10 +30,6 @@ Two stages (`pretrain.optim.onebit`), with F = freeze_step:
    and column sums of its own g² over the K steps (no bytes); they are averaged exactly (~0.1 % of the
    elements, one small fp32 allreduce) and each matrix with weight decay folds the rank-1 estimate of its
    mean square, r·cᵀ/Σr, into v: v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr; the exchange divisors follow.
-   A worker's g² holds its own batch's gradient noise, n times the global batch's (n workers): E[g_w²] =
-   μ² + σ²/b against E[ḡ²] = μ² + σ²/(n·b). With `refresh_unbiased` each worker also sums the row and
-   column sums of g_t ⊙ g_(t−1), its gradient times its previous step's (independent batches: E = μ²), and
-   the refresh takes mean(g²)/n + (1 − 1/n)·max(mean(g_t ⊙ g_(t−1)), 0), the global batch's mean square.
 
 The algorithm is one `OnebitLambAlgorithm`, chosen at construction. This project's 1-bit LAMB
 (`optim=onebit_lamb`, `ONEBIT_LAMB_ALGORITHM`) is: nvlamb warmup, live trust ratio, per_column scales,
@@ -176,9 +172,6 @@ class OnebitLamb(OnebitOptimizer):
         max_grad_norm: NVLAMB's warmup: the global gradient pre-normalization threshold (0 disables).
         variance_refresh: K ≥ 2: every K-th compression step refreshes the matrices' variance from the
             workers' row and column sums of g² (module docstring); 0: off. Needs the live trust ratio.
-        refresh_unbiased: the refresh estimates the global batch's mean square, not each worker's (module
-            docstring); needs `variance_refresh`. Keeps each worker's last gradient of every refreshed
-            matrix (one more copy of those matrices per worker).
         compile: run the warmup and compression steps as `torch.compile`d passes
             (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs the live trust
             ratio, `precondition` and one worker per process. Same math; results
@@ -206,7 +199,6 @@ class OnebitLamb(OnebitOptimizer):
         factor_threshold: float = 0.1,
         max_grad_norm: float = 1.0,
         variance_refresh: int = 0,
-        refresh_unbiased: bool = False,
         compile: bool = False,
         group: Any = None,
         virtual_workers: int = 1,
@@ -219,8 +211,6 @@ class OnebitLamb(OnebitOptimizer):
             raise ValueError(f"OnebitLamb: variance_refresh must be 0 (off) or >= 2, got {variance_refresh}")
         if variance_refresh and not algorithm.live:
             raise ValueError("OnebitLamb: variance_refresh needs trust_ratio='live'")
-        if refresh_unbiased and not variance_refresh:
-            raise ValueError("OnebitLamb: refresh_unbiased needs variance_refresh >= 2")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
         if compile:
@@ -250,12 +240,6 @@ class OnebitLamb(OnebitOptimizer):
         self.variance_refresh = variance_refresh
         # the variance refresh: each worker's row and column sums of its g² since the last refresh
         self._square_sums: Tensor | None = None
-        # `refresh_unbiased`: the row and column sums of g_t ⊙ g_(t−1) since the last refresh, how many
-        # steps they hold, and each worker's last gradient of the refreshed matrices ([workers, elements])
-        self.refresh_unbiased = refresh_unbiased
-        self._lag_sums: Tensor | None = None
-        self._lag_steps = 0
-        self._previous_grads: Tensor | None = None
         self._factored: list[int] | None = None  # `_factored_positions`, once computed
         self._last_live_coeffs: dict[int, Any] = {}  # `live`: the last step's coefficients, per group
 
@@ -361,7 +345,6 @@ class OnebitLamb(OnebitOptimizer):
             self._correct_moments()
         super()._freeze()
         self._square_sums = None
-        self._lag_sums, self._lag_steps, self._previous_grads = None, 0, None
         for p in self._segment_groups()[0]:
             state = self.state[p]
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
@@ -448,8 +431,6 @@ class OnebitLamb(OnebitOptimizer):
         live = self.algorithm.live_variance_positions(segment.params)
         marginals = None
         if self.variance_refresh:
-            if self.refresh_unbiased:
-                self._accumulate_lag_products(segment, grads, grad_scale)
             if not refresh_now and segment.local is None:  # added where the local momentum is formed
                 marginals = self._marginal_targets(segment)
             else:
@@ -525,35 +506,6 @@ class OnebitLamb(OnebitOptimizer):
                 matrices, self._marginal_views(sums, segment), self.workspace, grad_scale
             )
 
-    def _accumulate_lag_products(self, segment: Any, grads: list[Tensor], grad_scale: float = 1.0) -> None:
-        """`refresh_unbiased`: each worker adds the row and column sums of g_t ⊙ g_(t−1) (no bytes; none at
-        the first compression step, which has no previous gradient) and keeps g_t; g = `grad_scale`·grads."""
-        positions = self._factored_positions(segment)
-        sums = self._square_sums_of(segment)
-        if self._lag_sums is None:
-            self._lag_sums = torch.zeros_like(sums)
-        first = self._previous_grads is None
-        if first:
-            numel = sum(segment.params[i].numel() for i in positions)
-            self._previous_grads = torch.zeros(sums.shape[0], numel, device=sums.device)
-        previous_grads = self._previous_grads
-        assert previous_grads is not None
-        for worker, (lag_sums, previous) in enumerate(zip(self._lag_sums, previous_grads)):
-            own = grads if segment.local is None else segment.views_of(segment.local[worker])
-            start = 0
-            for i, (rows, cols) in zip(positions, self._marginal_views(lag_sums, segment)):
-                # the scaled gradient as the other paths form it (the same fp32 products, the same bits)
-                grad = own[i] if grad_scale == 1.0 else torch.mul(own[i], grad_scale)
-                last = previous[start : start + grad.numel()].view(grad.shape)
-                start += grad.numel()
-                if not first:
-                    product = torch.mul(grad, last)
-                    rows.add_(product.sum(dim=1))
-                    cols.add_(product.sum(dim=0))
-                last.copy_(grad)
-        if not first:
-            self._lag_steps += 1
-
     def _refresh_rank1(self, segment: Any) -> None:
         """The variance refresh (module docstring): the workers' row and column sums of Σ g_w² averaged
         exactly; each decayed matrix's mean square over the K steps rebuilt as r·cᵀ/Σr and folded into v,
@@ -561,13 +513,6 @@ class OnebitLamb(OnebitOptimizer):
         assert self._square_sums is not None
         mean = worker_order_mean(self._square_sums, self.group, self.num_processes, self.traffic)
         mean.div_(self.variance_refresh)
-        if self.refresh_unbiased and self._lag_steps:
-            assert self._lag_sums is not None
-            lag = worker_order_mean(self._lag_sums, self.group, self.num_processes, self.traffic)
-            lag.div_(self._lag_steps).clamp_(min=0.0)  # E = μ²; a row's sum below 0 is noise
-            mean.div_(self.world_size).add_(lag, alpha=1.0 - 1.0 / self.world_size)
-            self._lag_sums.zero_()
-            self._lag_steps = 0
         groups = {id(p): group for group in self.param_groups for p in group["params"]}
         divisors = segment.divisors
         for i, (rows, cols) in zip(self._factored_positions(segment), self._marginal_views(mean, segment)):
@@ -723,12 +668,7 @@ class OnebitLamb(OnebitOptimizer):
         torch._foreach_copy_(last_factors, list(factors.unbind()))  # type: ignore[union-attr]
 
     def _extra_state(self) -> dict[str, Any]:
-        lag = (
-            {"lag_sums": self._lag_sums, "lag_steps": self._lag_steps, "previous_grads": self._previous_grads}
-            if self.refresh_unbiased
-            else {}
-        )
-        return {**super()._extra_state(), "square_sums": self._square_sums, **lag}
+        return {**super()._extra_state(), "square_sums": self._square_sums}
 
     def _load_extra_state(self, extra: dict[str, Any]) -> None:
         super()._load_extra_state(extra)
@@ -740,15 +680,6 @@ class OnebitLamb(OnebitOptimizer):
             and extra.get("world_size") == self.world_size
         ):
             self._square_sums = sums.to(self.param_groups[0]["params"][0].device).clone()
-        self._lag_sums, self._lag_steps, self._previous_grads = None, 0, None
-        if (
-            self._square_sums is not None
-            and extra.get("previous_grads") is not None
-            and extra.get("lag_sums") is not None
-        ):
-            self._lag_sums = extra["lag_sums"].to(self._square_sums.device).clone()
-            self._previous_grads = extra["previous_grads"].to(self._square_sums.device).clone()
-            self._lag_steps = int(extra.get("lag_steps", 0))
 
     def _on_load_warmup(self) -> None:
         # c̄ is kept (it is accumulated over the whole warmup; DeepSpeed resets it, which makes a resumed

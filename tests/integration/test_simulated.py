@@ -81,30 +81,6 @@ def test_variance_refresh_steps_in_real_and_simulated_runs(tiny_data: Path, tmp_
     )
 
 
-@pytest.mark.slow
-def test_unbiased_refresh_in_real_and_simulated_runs(tiny_data: Path, tmp_path: Path):
-    """`optim.refresh_unbiased=true` (refreshes at steps 15 and 18): 2 simulated workers equal 2 processes
-    bitwise, bytes included; the refresh steps send the products' sums too, and the run leaves the plain
-    refresh's (`tests/unit/test_refresh_unbiased.py` checks the estimate)."""
-    extra = ("max_steps=20", "optim.variance_refresh=3")
-    unbiased = (*extra, "optim.refresh_unbiased=true")
-    real = run_local(train_worker, 2, (overrides(tiny_data, tmp_path / "real", *unbiased),))
-    simulated = run_local(
-        train_worker, 1, (overrides(tiny_data, tmp_path / "sim", *unbiased, "sim_world_size=2"),)
-    )
-    plain = run_local(
-        train_worker, 1, (overrides(tiny_data, tmp_path / "plain", *extra, "sim_world_size=2"),)
-    )
-    assert simulated[0]["digest"] == real[0]["digest"] == real[1]["digest"] != plain[0]["digest"]
-    assert _losses(tmp_path / "sim") == _losses(tmp_path / "real")
-    assert _losses(tmp_path / "sim")[:15] == _losses(tmp_path / "plain")[:15]  # the same to the first refresh
-    runs = ("real", "sim", "plain")
-    sent = {run: [m["bytes_cumulative"] for m in read_metrics(tmp_path / run)] for run in runs}
-    assert sent["sim"] == sent["real"]
-    extra_bytes = [b - a for a, b in zip(sent["plain"], sent["sim"])]
-    assert extra_bytes[:14] == [0] * 14 and 0 < extra_bytes[14] < extra_bytes[17]  # at steps 15 and 18
-
-
 def pipelined_train_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
     """`train_worker` with the compressed allreduce's signs in up to 8 pieces however small the model (auto
     pipelines only chunks of 2 MiB of signs and up), counting the calls that took the fused path (and those
