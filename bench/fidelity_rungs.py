@@ -60,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEPT_RUNS = REPO / "results" / "cpu-study" / "runs"  # the study's runs' small files, the rungs' among them
 FINAL_WINDOW = 10  # logged records, as the seq-32 study (results/cpu-study/reproduce.sh: final_window=10)
 SEEDS = 3
+FLOOR_FINETUNE_SEEDS = 3  # the random-init floor's SST-2 seeds (reproduce.sh's `floor` fine-tunes: 1 2 3)
 TARGET = "<= 1.01 (3-seed means, 2 real and >= 32 simulated workers)"
 DOWNSTREAM_TASK = "sst2"
 MAX_EXTRA_LRS = 2  # LRs added beyond an edge of the planned sweep
@@ -426,11 +427,13 @@ def _gap_record(
     if not noise:
         return None
     with_scores = [r for r in runs if r.downstream]
-    wanted = rung.seeds * rung.finetune_seeds
+    # an arm: every checkpoint's fine-tunes; the floor (no runs): one random init at FLOOR_FINETUNE_SEEDS
+    wanted = rung.seeds * rung.finetune_seeds if runs else FLOOR_FINETUNE_SEEDS
+    peer_wanted = rung.seeds * rung.finetune_seeds
     status = (
         "complete"
-        if len(scores) >= wanted and len(peer_scores) >= wanted and lamb_sweep.complete
-        else f"partial: {len(scores)} of {wanted} fine-tunes, LAMB {len(peer_scores)} of {wanted}"
+        if len(scores) >= wanted and len(peer_scores) >= peer_wanted and lamb_sweep.complete
+        else f"partial: {len(scores)} of {wanted} fine-tunes, LAMB {len(peer_scores)} of {peer_wanted}"
     )
     config = (
         _config(rung, with_scores, variant, lr)

@@ -293,3 +293,24 @@ def test_a_one_seed_rung_is_complete_at_one_seed_and_fine_tunes_each_checkpoint_
     main(["spec", "b"])  # one fine-tune per checkpoint, no checkpoints before the end
     spec = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert spec["FT_SEEDS"] == "'1'" and spec["CHECKPOINT_EVERY"] == "'0'"
+
+
+def test_the_floor_is_complete_at_its_three_fine_tunes_where_lamb_has_nine(tmp_path: Path):
+    mini = RUNGS["m"]  # 3 pretraining seeds x 3 SST-2 seeds per checkpoint: LAMB's 9; the floor: 3
+    for lr, loss in (("3e-3", 4.6), ("3e-2", 4.4)):
+        write_run(tmp_path, "lamb", lr, "n2", 1, loss, rung=mini)
+    scores = iter((0.80, 0.79, 0.81, 0.78, 0.80, 0.82, 0.79, 0.81, 0.80))
+    for seed in (1, 2, 3):
+        lamb = write_run(tmp_path, "lamb", "1e-2", "n2", seed, 4.0 + seed / 100, rung=mini)
+        for ft_seed in (1, 2, 3):
+            write_finetune(lamb / "finetune" / "final" / f"sst2-len32-s{ft_seed}", ft_seed, next(scores))
+    floor = tmp_path / f"cpu-rung-floor-{mini.model}"
+    for seed, accuracy in ((1, 0.78), (2, 0.79)):
+        write_finetune(floor / "finetune" / "final" / f"sst2-len32-s{seed}", seed, accuracy)
+    name = "downstream_gap_sst2_random_init_bert_mini_b128"
+    partial = {record.name: record for record in rung_records(mini, tmp_path)}[name]
+    assert partial.config["status"] == "partial: 2 of 3 fine-tunes, LAMB 9 of 9"
+    write_finetune(floor / "finetune" / "final" / "sst2-len32-s3", 3, 0.77)
+    floor_gap = {record.name: record for record in rung_records(mini, tmp_path)}[name]
+    assert floor_gap.config["status"] == "complete" and floor_gap.config["reference_n"] == 9
+    assert floor_gap.value < 0  # 0.78 against LAMB's 0.80
