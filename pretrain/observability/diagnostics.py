@@ -162,17 +162,12 @@ class Diagnostics:
 
     # -- the optimizer's side (1-bit exchange) ----------------------------------------------------------
     @torch.no_grad()
-    def before_exchange(
-        self, local: Tensor, world_size: int, group: Any, carried: Tensor | None = None
-    ) -> None:
-        """The exact average of the workers' (κ-scaled) local momenta: local is [N] or [k, N]; `carried`
-        ([N]): the replicated part the optimizer adds to the average after the exchange."""
+    def before_exchange(self, local: Tensor, world_size: int, group: Any) -> None:
+        """The exact average of the workers' (κ-scaled) local momenta: local is [N] or [k, N]."""
         exact = local.sum(0) if local.dim() == 2 else local.clone()
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(exact, group=group)
         self._exact = exact.div_(world_size)
-        if carried is not None:
-            self._exact.add_(carried)
 
     @torch.no_grad()
     def after_exchange(self, averaged: Tensor, params: list[Tensor], kappas: list[Tensor] | None) -> None:

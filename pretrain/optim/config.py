@@ -212,9 +212,6 @@ class OnebitLambConfig(_OnebitLambConfig):
     # per row (neuron) instead of one per input column: they join the row-scaled group and stay row-major
     # (`pretrain.optim.params.param_groups(ffn_row_scales=True)`; per_column compression only)
     ffn_row_scales: bool = False
-    # ablation under study (results/cpu-study-m), off by default: the exchange carries the momentum's
-    # increment (1−β1)·g_w and each rank adds β1·m̂ back (pretrain/optim/onebit_lamb.py, 6); not with compile
-    exchange_increment: bool = False
     # torch.compile the warmup and compression steps (pretrain/optim/compiled.py); sim_world_size=1 only
     # (checked in pretrain/config.py)
     compile: bool = False
@@ -229,7 +226,6 @@ class OnebitLambConfig(_OnebitLambConfig):
             "variance_refresh",
             f"must be 0 (off) or >= 2, got {self.variance_refresh}",
         )
-        _require(not (self.exchange_increment and self.compile), "exchange_increment", "needs compile=false")
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         return {
@@ -237,7 +233,6 @@ class OnebitLambConfig(_OnebitLambConfig):
             "max_coeff": self.max_coeff,
             "max_grad_norm": self.max_grad_norm,
             "variance_refresh": self.variance_refresh,
-            "exchange_increment": self.exchange_increment,
             "compile": self.compile,
         }
 

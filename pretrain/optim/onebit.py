@@ -47,9 +47,9 @@ parameter from `worker_gradient_views(w)`) instead of `.grad`, and `step()` form
 momentum from it and exchanges all k through the compressed allreduce (a world of n = group size · k).
 
 Diagnostics: an optional `probe` (`pretrain.observability.diagnostics`) with `active`,
-`before_exchange(local, world_size, group, carried=None)` and `after_exchange(averaged, params, kappas)`
-sees the κ-scaled local and averaged momentum of each exchange while active (log steps only; its own
-traffic is not counted); `carried` is what the optimizer adds to both after the exchange.
+`before_exchange(local, world
+size, group)` and `after_exchange(averaged, params, kappas)` sees the κ-scaled local and averaged
+momentum of each exchange while active (log steps only; its own traffic is not counted).
 """
 
 from __future__ import annotations
@@ -580,7 +580,6 @@ class OnebitOptimizer(OptimizerBase):
         divided: bool = False,
         scale_back: bool = True,
         source: MomentumSource | None = None,
-        carried: Tensor | None = None,
     ) -> None:
         """Replace the segment's local momentum by the compressed average over all workers.
 
@@ -593,9 +592,7 @@ class OnebitOptimizer(OptimizerBase):
         `functional.local_momentum_` (preconditioned: divided by √v+ε in the same numba loop where
         `_fused_exchange` allows, as k == 1 does). κ (DeepSpeed's layout only) scales every tensor before
         the exchange and is divided out after it. `scale_back=False` (preconditioned): the buffer keeps
-        the average ū in units of u, for the caller's step to multiply by √v+ε (`live_step`). `carried`
-        (laid out like `buffer`): what the caller adds to the average after the exchange (1-bit LAMB's
-        `exchange_increment`: β1·m̂ₜ₋₁); the diagnostics probe compares momenta with it added.
+        the average ū in units of u, for the caller's step to multiply by √v+ε (`live_step`).
         """
         compressor = segment.compressor
         if compressor is None:  # one worker: the exchange is the identity, κ·(1/κ) only adds rounding
@@ -609,7 +606,7 @@ class OnebitOptimizer(OptimizerBase):
             divided = self._virtual_local_momenta(segment, kappas, beta1=beta1)
         probe = self.probe if self.probe is not None and self.probe.active else None
         if probe is not None:
-            probe.before_exchange(local, self.world_size, self.group, carried=carried)
+            probe.before_exchange(local, self.world_size, self.group)
         divisors = self._divisors(segment) if self.exchange.precondition else None
         segment.to_exchange_layout_(local, None if divided else divisors, self.workspace)
         if segment.local is None:
@@ -618,8 +615,7 @@ class OnebitOptimizer(OptimizerBase):
             compressor(segment.local, out=segment.buffer)
         segment.from_exchange_layout_(segment.buffer, divisors if scale_back else None, self.workspace)
         if probe is not None:
-            averaged = segment.buffer if carried is None else segment.buffer + carried
-            probe.after_exchange(averaged, segment.params, kappas)
+            probe.after_exchange(segment.buffer, segment.params, kappas)
         if kappas is not None:
             torch._foreach_div_(segment.views, kappas)
 

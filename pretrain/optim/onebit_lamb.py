@@ -30,10 +30,6 @@ Two stages (`pretrain.optim.onebit`), with F = freeze_step:
    and column sums of its own g² over the K steps (no bytes); they are averaged exactly (~0.1 % of the
    elements, one small fp32 allreduce) and each matrix with weight decay folds the rank-1 estimate of its
    mean square, r·cᵀ/Σr, into v: v ← β2^K·v + (1−β2^K)·r·cᵀ/Σr; the exchange divisors follow.
-6. `exchange_increment` (an ablation under study, off by default): the exchange carries only the momentum's
-   increment, each worker's (1−β1)·g_w (preconditioned and with error feedback as above), and every rank
-   adds the replicated β1·m̂ₜ₋₁ back after it: m̂ₜ = β1·m̂ₜ₋₁ + avg((1−β1)·g_w). The sign error then falls on
-   the step's new information, not on the 90 % of the momentum every rank already holds.
 
 The algorithm is one `OnebitLambAlgorithm`, chosen at construction. This project's 1-bit LAMB
 (`optim=onebit_lamb`, `ONEBIT_LAMB_ALGORITHM`) is: nvlamb warmup, live trust ratio, per_column scales,
@@ -176,9 +172,6 @@ class OnebitLamb(OnebitOptimizer):
         max_grad_norm: NVLAMB's warmup: the global gradient pre-normalization threshold (0 disables).
         variance_refresh: K ≥ 2: every K-th compression step refreshes the matrices' variance from the
             workers' row and column sums of g² (module docstring); 0: off. Needs the live trust ratio.
-        exchange_increment: exchange the momentum's increment (1−β1)·g_w, not the local momentum (module
-            docstring, 6). Needs the live trust ratio and one beta1; not with `compile`. Keeps a copy of
-            the momentum during the step.
         compile: run the warmup and compression steps as `torch.compile`d passes
             (`pretrain.optim.compiled`; the first steps compile, about 10–30 s on CPU). Needs the live trust
             ratio, `precondition` and one worker per process. Same math; results
@@ -206,7 +199,6 @@ class OnebitLamb(OnebitOptimizer):
         factor_threshold: float = 0.1,
         max_grad_norm: float = 1.0,
         variance_refresh: int = 0,
-        exchange_increment: bool = False,
         compile: bool = False,
         group: Any = None,
         virtual_workers: int = 1,
@@ -219,8 +211,6 @@ class OnebitLamb(OnebitOptimizer):
             raise ValueError(f"OnebitLamb: variance_refresh must be 0 (off) or >= 2, got {variance_refresh}")
         if variance_refresh and not algorithm.live:
             raise ValueError("OnebitLamb: variance_refresh needs trust_ratio='live'")
-        if exchange_increment and (not algorithm.live or compile):
-            raise ValueError("OnebitLamb: exchange_increment needs trust_ratio='live' and compile=False")
         if 1.0 / (1.0 - coeff_beta) > freeze_step:
             logger.warning("OnebitLamb: 1/(1 - coeff_beta) > freeze_step, the coefficient EMA is still young")
         if compile:
@@ -248,7 +238,6 @@ class OnebitLamb(OnebitOptimizer):
         self.factor_min, self.factor_max, self.factor_threshold = factor_min, factor_max, factor_threshold
         self.max_grad_norm = max_grad_norm
         self.variance_refresh = variance_refresh
-        self.exchange_increment = exchange_increment
         # the variance refresh: each worker's row and column sums of its g² since the last refresh
         self._square_sums: Tensor | None = None
         self._factored: list[int] | None = None  # `_factored_positions`, once computed
@@ -557,14 +546,9 @@ class OnebitLamb(OnebitOptimizer):
         prev_exp_avgs = segment.views if self.algorithm.live else segment.snapshot()
         kappas = self._scaling_coefficients(segment.params) if self.algorithm.kappa else None
         betas = {group["betas"][0] for group in self.param_groups}
-        if (segment.local is not None or self.exchange_increment) and len(betas) > 1:
-            raise ValueError("virtual workers and exchange_increment need one beta1 for all parameter groups")
+        if segment.local is not None and len(betas) > 1:
+            raise ValueError("virtual workers need one beta1 for all parameter groups")
         beta1 = self.param_groups[0]["betas"][0]
-        # `exchange_increment`: β1·m̂ₜ₋₁ set aside and the momenta zeroed, so that every pass below forms the
-        # increment (1−β1)·g where it would form β1·m + (1−β1)·g
-        carried = torch.mul(segment.buffer, beta1, out=segment.scratch()) if self.exchange_increment else None
-        if carried is not None:
-            torch._foreach_zero_(segment.views)
         # one numba loop forms (β1·m + (1−β1)·g)/(√v+ε) where it can (`live_step`)
         prepared = len(betas) == 1 and self._preconditioned_local_momentum(
             segment, grads, kappas, beta1=beta1, grad_scale=grad_scale, marginals=marginals
@@ -589,23 +573,9 @@ class OnebitLamb(OnebitOptimizer):
         averages = self._fused_exchange(segment, kappas) and self.algorithm.live
         source = prepared if isinstance(prepared, MomentumSource) else None
         divided = prepared is not False
-        self._exchange(
-            segment,
-            kappas,
-            beta1=beta1,
-            divided=divided,
-            scale_back=not averages,
-            source=source,
-            carried=carried,
-        )
+        self._exchange(segment, kappas, beta1=beta1, divided=divided, scale_back=not averages, source=source)
         self._apply_masks()  # a 0/1 mask: the same bits on ū as on m = ū·(√v+ε)
         divisors = segment.divisors  # √v+ε, kept in step with v (built by the preconditioned exchange)
-        if carried is not None:  # m̂ₜ = β1·m̂ₜ₋₁ + the averaged increment (in ū's units where ū is kept)
-            kept = segment.views_of(carried)
-            if averages:
-                assert divisors is not None
-                torch._foreach_div_(kept, divisors)
-            torch._foreach_add_(segment.views, kept)
         for group, span in self._group_slices():
             if self.algorithm.live:
                 self._live_step(group, None if divisors is None else divisors[span], averages=averages)

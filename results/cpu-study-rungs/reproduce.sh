@@ -34,9 +34,7 @@
 #               LAMB's loss falls from 6.1 to 5.3), the seeds x the worker counts; and LAMB itself at 32
 #               simulated workers (abl-lamb, the seeds): the peer's own trajectory there, nothing compressed;
 #               and the default and LAMB at 8 simulated workers (16 sequences each; the seeds): whether the
-#               cost at 32 simulated workers (4 each) follows each worker's share; and the default with
-#               optim.exchange_increment=true (the exchange carries the momentum's increment, not the
-#               momentum) at 8 and 32 simulated workers and 2 processes, the seeds, first
+#               cost at 32 simulated workers (4 each) follows each worker's share
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
@@ -88,7 +86,6 @@ declare -A ARM=(
   [abl-freeze160-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=160"
   [abl-freeze1280-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=1280"
   [abl-ffnrows-onebit_lamb]="optim=onebit_lamb optim.ffn_row_scales=true"
-  [abl-increment-onebit_lamb]="optim=onebit_lamb optim.exchange_increment=true"
   # the control: LAMB itself at simulated workers (nothing compressed; the gradient is that of the n-worker run)
   [abl-lamb]="optim=lamb"
 )
@@ -282,9 +279,6 @@ for RUNG in $RUNGS; do
     pretrain abl-freeze120-onebit_lamb "$LAMB_LR" n2 1
   fi
   if stage ablation && [[ $RUNG == m ]]; then  # where the default's gap opens (results/cpu-study-m/README.md)
-    for seed in $seeds; do  # the sign error of the whole momentum every step: exchange its increment only
-      for workers in sim8 $RUNG_WORKERS; do pretrain abl-increment-onebit_lamb "$LAMB_LR" "$workers" "$seed"; done
-    done
     for seed in $seeds; do  # both worker counts: the target is missed at 32 simulated workers
       for workers in $RUNG_WORKERS; do
         pretrain abl-ffnrows-onebit_lamb "$LAMB_LR" "$workers" "$seed"

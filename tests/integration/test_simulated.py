@@ -81,27 +81,6 @@ def test_variance_refresh_steps_in_real_and_simulated_runs(tiny_data: Path, tmp_
     )
 
 
-@pytest.mark.slow
-def test_increment_exchange_in_real_and_simulated_runs(tiny_data: Path, tmp_path: Path):
-    """`optim.exchange_increment=true` (freeze_step 12): 2 simulated workers equal 2 processes bitwise, bytes
-    included (the same 1-bit exchange, of the increment); the run is the default's to the freeze and leaves
-    it after (`tests/unit/test_exchange_increment.py` checks the arithmetic)."""
-    increment = ("max_steps=20", "optim.exchange_increment=true")
-    real = run_local(train_worker, 2, (overrides(tiny_data, tmp_path / "real", *increment),))
-    simulated = run_local(
-        train_worker, 1, (overrides(tiny_data, tmp_path / "sim", *increment, "sim_world_size=2"),)
-    )
-    default = run_local(
-        train_worker, 1, (overrides(tiny_data, tmp_path / "default", "max_steps=20", "sim_world_size=2"),)
-    )
-    assert simulated[0]["digest"] == real[0]["digest"] == real[1]["digest"] != default[0]["digest"]
-    assert _losses(tmp_path / "sim") == _losses(tmp_path / "real")
-    assert _losses(tmp_path / "sim")[:13] == _losses(tmp_path / "default")[:13]  # step 13 exchanges first
-    assert _losses(tmp_path / "sim")[13:] != _losses(tmp_path / "default")[13:]
-    sent = {run: read_metrics(tmp_path / run)[-1]["bytes_cumulative"] for run in ("real", "sim", "default")}
-    assert sent["sim"] == sent["real"] == sent["default"]
-
-
 def pipelined_train_worker(rank: int, world_size: int, overrides: list[str]) -> dict:
     """`train_worker` with the compressed allreduce's signs in up to 8 pieces however small the model (auto
     pipelines only chunks of 2 MiB of signs and up), counting the calls that took the fused path (and those
