@@ -60,7 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEPT_RUNS = REPO / "results" / "cpu-study" / "runs"  # the study's runs' small files, the rungs' among them
 FINAL_WINDOW = 10  # logged records, as the seq-32 study (results/cpu-study/reproduce.sh: final_window=10)
 SEEDS = 3
-FLOOR_FINETUNE_SEEDS = 3  # the random-init floor's SST-2 seeds (reproduce.sh's `floor` fine-tunes: 1 2 3)
+FLOOR_FINETUNE_SEEDS = 3  # the random-init floor's SST-2 seeds (reproduce.sh: spec's FLOOR_FT_SEEDS)
 TARGET = "<= 1.01 (3-seed means, 2 real and >= 32 simulated workers)"
 DOWNSTREAM_TASK = "sst2"
 MAX_EXTRA_LRS = 2  # LRs added beyond an edge of the planned sweep
@@ -428,8 +428,8 @@ def _gap_record(
         return None
     with_scores = [r for r in runs if r.downstream]
     # an arm: every checkpoint's fine-tunes; the floor (no runs): one random init at FLOOR_FINETUNE_SEEDS
-    wanted = rung.seeds * rung.finetune_seeds if runs else FLOOR_FINETUNE_SEEDS
     peer_wanted = rung.seeds * rung.finetune_seeds
+    wanted = peer_wanted if runs else FLOOR_FINETUNE_SEEDS
     status = (
         "complete"
         if len(scores) >= wanted and len(peer_scores) >= peer_wanted and lamb_sweep.complete
@@ -575,6 +575,7 @@ def _spec(rung: Rung) -> str:
         "RECIPE_LR": rung.recipe_lr,
         "RUNG_SEEDS": " ".join(str(seed) for seed in range(1, rung.seeds + 1)),
         "FT_SEEDS": str(rung.finetune_seeds),
+        "FLOOR_FT_SEEDS": " ".join(str(seed) for seed in range(1, FLOOR_FINETUNE_SEEDS + 1)),
         "CHECKPOINT_EVERY": str(rung.checkpoint_every),
     }
     return "\n".join(f"{key}='{value}'" for key, value in lines.items())

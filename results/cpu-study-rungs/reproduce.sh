@@ -239,7 +239,7 @@ fine_tune_now() {
 }
 
 MODEL="" BATCH="" GLOBAL="" LAMB_LRS="" ADAMW_LRS="" RUNG_WORKERS="" LOG_EVERY="" MODEL_ARGS="" RUNG_SEEDS=""
-FT_SEEDS="" CHECKPOINT_EVERY=""
+FT_SEEDS="" FLOOR_FT_SEEDS="" CHECKPOINT_EVERY=""
 for RUNG in $RUNGS; do
   eval "$($PY -m bench.fidelity_rungs spec "$RUNG")"  # sets the variables above
   TUNED=""  # the fine-tuned arms, once the sweeps are done (not the last rung's)
@@ -314,7 +314,7 @@ for RUNG in $RUNGS; do
     read -r ft_lr _ < <($PY -m bench.fidelity_rungs ft-lr "$RUNG" "$FOLDER")
     ft_lr=${FT_LR:-$ft_lr}
     if [[ -d $FLOOR/checkpoints ]]; then
-      for seed in 1 2 3; do sst2 "$FLOOR" "$FLOOR/finetune/final/sst2-len32-s$seed" "$ft_lr" "$seed"; done
+      for seed in $FLOOR_FT_SEEDS; do sst2 "$FLOOR" "$FLOOR/finetune/final/sst2-len32-s$seed" "$ft_lr" "$seed"; done
     fi
     for prefix in $TUNED; do
       for run in results/runs/cpu-rung-"$RUNG"-"$prefix"-*; do fine_tune_run "$run" "$ft_lr"; done
