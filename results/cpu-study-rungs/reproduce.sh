@@ -16,7 +16,7 @@
 # without its checkpoints (its small files from another machine) runs again when a fine-tune needs it, the
 # first run's files moved to <run>/first-run/. Each pretraining run's
 # wall time and the load around it go to results/runs/cpu-rung-times.tsv (kept as
-# results/cpu-study-<rung>/run-times.tsv).
+# results/cpu-study-<rung>/run-times.tsv), one row per part of a run stopped and resumed.
 # Stages (STAGES, in this order; each rung in RUNGS):
 #   data        the study's 8K vocabulary (its sha256 checked) and the sample at seq 32 (data/prepared/)
 #   lamb_sweep  LAMB at the rung's three LRs (x3 apart around the recipe's), seed 1, 2 processes; while the
@@ -136,17 +136,22 @@ pretrain() {
   every=$CHECKPOINT_EVERY  # long runs: resumable from a checkpoint
   load=$(cut -d' ' -f1 /proc/loadavg)
   times > results/runs/.times-before  # the CPU seconds of this shell's finished children (not in a subshell)
+  local status=0
   # shellcheck disable=SC2086
   nice -n "$NICE" env OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) launch/torchrun.sh --nproc "$processes" -- \
     batch="$BATCH" ${ARM[$arm]} model="$MODEL" $MODEL_ARGS data_dir="data/prepared/$DATA" seed="$seed" \
     run_name="$run" sim_world_size="$per_process" batch.phases.0.micro_batch="$micro" batch.phases.0.lr="$lr" \
-    diagnostics=true log_every="$LOG_EVERY" checkpoint.every_steps="$every" wandb.mode=disabled show_progress=false
+    diagnostics=true log_every="$LOG_EVERY" checkpoint.every_steps="$every" wandb.mode=disabled show_progress=false \
+    || status=$?
   times > results/runs/.times-after
   # run, wall seconds, CPU seconds (user + system, every process of the run), 1-minute load average at its
-  # start and at its end: on a shared machine the wall time follows the load, the CPU time much less
-  printf '%s\t%d\t%d\t%s\t%s\n' "$run" $(( SECONDS - start )) \
+  # start and at its end (on a shared machine the wall time follows the load, the CPU time much less), exit
+  # status (0: finished; 75: stopped by SIGTERM at a checkpoint, continued by the next call); rows without
+  # the status are older, finished runs' last parts
+  printf '%s\t%d\t%d\t%s\t%s\t%d\n' "$run" $(( SECONDS - start )) \
     $(( $(children_cpu results/runs/.times-after) - $(children_cpu results/runs/.times-before) )) \
-    "$load" "$(cut -d' ' -f1 /proc/loadavg)" >> "$TIMES"
+    "$load" "$(cut -d' ' -f1 /proc/loadavg)" "$status" >> "$TIMES"
+  (( status == 0 )) || exit "$status"
   STARTED=$(( STARTED + 1 ))
   fine_tune_now "$run"
 }

@@ -170,3 +170,47 @@ def test_a_best_lr_run_is_fine_tuned_before_the_next_run_starts(tmp_path: Path):
     ]
     first = tmp_path / "results" / "runs" / "cpu-rung-m-lamb-lr1e-2-n2-s1" / "first-run"
     assert (first / "summary.json").is_file()  # the first run's files kept aside
+
+
+STOPPING_LAUNCHER = """#!/usr/bin/env bash
+# the study's launcher, faked: stopped by SIGTERM once (exit 75, no summary), then finished
+for arg; do case $arg in run_name=*) name=${arg#run_name=} ;; esac; done
+echo "pretrain $name" >> calls.log
+if [[ -e stop-once ]]; then rm stop-once; exit 75; fi
+mkdir -p "results/runs/$name/checkpoints"
+cp "templates/$name"/* "results/runs/$name/"
+"""
+
+
+def test_a_stopped_run_leaves_its_part_in_the_times_and_stops_the_driver(tmp_path: Path):
+    """A run stopped by SIGTERM (the launcher exits 75) gets a row in run-times with status 75, and the
+    driver stops with that status before any other run; the next call finishes it (status 0)."""
+    write_sweeps(tmp_path)
+    for seed in (2, 3):
+        write_run(tmp_path / "templates", "lamb", "1e-2", "n2", seed, 3.9, rung=RUNG)
+    launcher = tmp_path / "launch" / "torchrun.sh"
+    launcher.parent.mkdir()
+    launcher.write_text(STOPPING_LAUNCHER)
+    launcher.chmod(0o755)
+    (tmp_path / "stop-once").touch()
+    script = install_driver(tmp_path)
+    env = {**os.environ, "RUNGS": "m", "STAGES": "seeds", "NICE": "0", "ONLY": "^cpu-rung-m-lamb-"}
+
+    def drive() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+
+    stopped = drive()
+    assert stopped.returncode == 75, stopped.stderr
+    assert (tmp_path / "calls.log").read_text().splitlines() == ["pretrain cpu-rung-m-lamb-lr1e-2-n2-s2"]
+    finished = drive()
+    assert finished.returncode == 0, finished.stderr
+    times = (tmp_path / "results" / "runs" / "cpu-rung-times.tsv").read_text()
+    rows = [line.split("\t") for line in times.splitlines()]
+    assert [(row[0], row[5]) for row in rows] == [
+        ("cpu-rung-m-lamb-lr1e-2-n2-s2", "75"),
+        ("cpu-rung-m-lamb-lr1e-2-n2-s2", "0"),
+        ("cpu-rung-m-lamb-lr1e-2-n2-s3", "0"),
+    ]
+    assert all(len(row) == 6 and int(row[1]) >= 0 and int(row[2]) >= 0 for row in rows)
