@@ -34,7 +34,9 @@
 #               LAMB's loss falls from 6.1 to 5.3), the seeds x the worker counts; and LAMB itself at 32
 #               simulated workers (abl-lamb, the seeds): the peer's own trajectory there, nothing compressed;
 #               and the default and LAMB at 8 simulated workers (16 sequences each; the seeds): whether the
-#               cost at 32 simulated workers (4 each) follows each worker's share
+#               cost at 32 simulated workers (4 each) follows each worker's share; and the exchange without
+#               the server's 1-bit compression at 8 simulated workers (abl-fp32server, seed 1: a study's
+#               patch, results/cpu-study-m/ablations/)
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
@@ -86,8 +88,14 @@ declare -A ARM=(
   [abl-freeze160-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=160"
   [abl-freeze1280-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=1280"
   [abl-ffnrows-onebit_lamb]="optim=onebit_lamb optim.ffn_row_scales=true"
+  # the server's average sent in fp32, not in 1 bit (ARM_ENV: results/cpu-study-m/ablations/fp32_server.py)
+  [abl-fp32server-onebit_lamb]="optim=onebit_lamb"
   # the control: LAMB itself at simulated workers (nothing compressed; the gradient is that of the n-worker run)
   [abl-lamb]="optim=lamb"
+)
+# what an arm's processes need in their environment: a study's patch (sitecustomize.py of its folder)
+declare -A ARM_ENV=(
+  [abl-fp32server-onebit_lamb]="RUNG_ABLATION=fp32_server PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
 )
 
 if stage data && (( ! DRY )); then  # as results/cpu-study/reproduce.sh: the vocabulary, then the seq-32 sample
@@ -138,7 +146,8 @@ pretrain() {
   times > results/runs/.times-before  # the CPU seconds of this shell's finished children (not in a subshell)
   local status=0
   # shellcheck disable=SC2086
-  nice -n "$NICE" env OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) launch/torchrun.sh --nproc "$processes" -- \
+  nice -n "$NICE" env OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) ${ARM_ENV[$arm]:-} \
+    launch/torchrun.sh --nproc "$processes" -- \
     batch="$BATCH" ${ARM[$arm]} model="$MODEL" $MODEL_ARGS data_dir="data/prepared/$DATA" seed="$seed" \
     run_name="$run" sim_world_size="$per_process" batch.phases.0.micro_batch="$micro" batch.phases.0.lr="$lr" \
     diagnostics=true log_every="$LOG_EVERY" checkpoint.every_steps="$every" wandb.mode=disabled show_progress=false \
@@ -296,6 +305,8 @@ for RUNG in $RUNGS; do
       pretrain onebit_lamb "$LAMB_LR" sim8 "$seed"
       pretrain abl-lamb "$LAMB_LR" sim8 "$seed"
     done
+    # whether the server's second 1-bit compression is the cost that grows from 2 workers to 8 ("Steps behind")
+    pretrain abl-fp32server-onebit_lamb "$LAMB_LR" sim8 1
   fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( DRY )); then echo "pending floor $FLOOR"; fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( ! DRY )); then

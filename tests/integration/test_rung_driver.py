@@ -89,8 +89,8 @@ def test_a_run_again_that_stopped_midway_stays_pending(tmp_path: Path):
 
 def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Path):
     """Stage `ablation` of rung M: both ablations at both worker counts, LAMB itself (the peer's own
-    trajectory, nothing compressed) only where the workers are simulated, and the default and LAMB at 8
-    simulated workers; a finished one is not listed."""
+    trajectory, nothing compressed) only where the workers are simulated, the default and LAMB at 8
+    simulated workers, then the fp32 server pass at 8 (seed 1); a finished one is not listed."""
     runs = write_sweeps(tmp_path)
     write_run(runs, "abl-ffnrows-onebit_lamb", "1e-2", "n2", 1, 3.9, rung=RUNG)
     pending = [
@@ -107,6 +107,7 @@ def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Pa
                 expected.append(f"cpu-rung-m-abl-lamb-lr1e-2-sim32-s{seed}")
         expected.append(f"cpu-rung-m-onebit_lamb-lr1e-2-sim8-s{seed}")
         expected.append(f"cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}")
+    expected.append("cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s1")
     assert pending == expected[1:]  # seed 1's ffnrows at 2 processes finished
 
 
@@ -214,3 +215,38 @@ def test_a_stopped_run_leaves_its_part_in_the_times_and_stops_the_driver(tmp_pat
         ("cpu-rung-m-lamb-lr1e-2-n2-s3", "0"),
     ]
     assert all(len(row) == 6 and int(row[1]) >= 0 and int(row[2]) >= 0 for row in rows)
+
+
+ENV_LAUNCHER = """#!/usr/bin/env bash
+# the study's launcher, faked: records the run and the patch its environment names, finishes at once
+for arg; do case $arg in run_name=*) name=${arg#run_name=} ;; esac; done
+echo "$name ${RUNG_ABLATION:-none} ${PYTHONPATH:-none}" >> calls.log
+mkdir -p "results/runs/$name/checkpoints"
+cp "templates/$name"/* "results/runs/$name/"
+"""
+
+
+def test_a_patched_ablation_runs_with_its_patch_and_no_other_arm_does(tmp_path: Path):
+    """`abl-fp32server` runs with RUNG_ABLATION=fp32_server and the patch's folder first on PYTHONPATH (its
+    sitecustomize applies it); the default at the same worker count runs without."""
+    write_sweeps(tmp_path)
+    for arm in ("abl-fp32server-onebit_lamb", "onebit_lamb"):
+        write_run(tmp_path / "templates", arm, "1e-2", "sim8", 1, 3.9, rung=RUNG)
+    launcher = tmp_path / "launch" / "torchrun.sh"
+    launcher.parent.mkdir()
+    launcher.write_text(ENV_LAUNCHER)
+    launcher.chmod(0o755)
+    script = install_driver(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("RUNG_ABLATION", "PYTHONPATH")}
+    only = "^cpu-rung-m-(abl-fp32server-)?onebit_lamb-lr1e-2-sim8-s1$"
+    env.update(RUNGS="m", STAGES="ablation", NICE="0", ONLY=only)
+    done = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    calls = [line.split(" ") for line in (tmp_path / "calls.log").read_text().splitlines()]
+    patch = f"{tmp_path}/results/cpu-study-m/ablations:{tmp_path}"
+    assert calls == [
+        ["cpu-rung-m-onebit_lamb-lr1e-2-sim8-s1", "none", "none"],
+        ["cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s1", "fp32_server", patch],
+    ]
