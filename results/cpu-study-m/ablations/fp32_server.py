@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from pretrain.comm.collectives import all_gather_flat
+from pretrain.comm.compressed_allreduce import CompressedAllreduce
 
 
 def _serve(self: Any, local_chunk: int, scratch: torch.Tensor) -> None:
@@ -41,7 +42,7 @@ def _decode_output(self: Any, out: torch.Tensor) -> None:
         all_gather_flat(out, averages, group=self.group)
 
 
-def apply(engine: type) -> type:
+def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
     """Patch `engine` (CompressedAllreduce or a subclass) in place; returns it."""
     original_init = engine.__init__
 
@@ -49,8 +50,12 @@ def apply(engine: type) -> type:
         original_init(self, *args, **kwargs)
         self._pipeline = None  # the pipelined call has its own server pass
 
-    engine.__init__ = __init__
-    engine._serve = _serve
-    engine._exchange_server_chunks = _exchange_server_chunks
-    engine._decode_output = _decode_output
+    methods = {
+        "__init__": __init__,
+        "_serve": _serve,
+        "_exchange_server_chunks": _exchange_server_chunks,
+        "_decode_output": _decode_output,
+    }
+    for name, method in methods.items():
+        setattr(engine, name, method)
     return engine
