@@ -61,7 +61,12 @@ def steps_behind(peer: str, arm: str) -> list[float]:
     """The arm's lag behind the peer at each of STEPS, then at the end (module docstring)."""
     peer_steps, peer_loss = smoothed(*mlm_curve(peer))
     arm_steps, arm_loss = smoothed(*mlm_curve(arm))
-    lags = [t - reached_at(peer_steps, peer_loss, float(np.interp(t, arm_steps, arm_loss))) for t in STEPS]
+    lags = [
+        t - reached_at(peer_steps, peer_loss, float(np.interp(t, arm_steps, arm_loss)))
+        if t <= arm_steps[-1]
+        else float("nan")  # a run stopped before t
+        for t in STEPS
+    ]
     end = float(min(peer_steps[-1], arm_steps[-1]))
     arm_end, peer_end = (
         float(np.interp(end, arm_steps, arm_loss)),
@@ -105,6 +110,14 @@ COMPARISONS = {
     "DeepSpeed's - LAMB, 2 processes": pairs(
         "cpu-rung-m-lamb-lr1e-2-n2-s{seed}", "cpu-rung-m-onebit_lamb_deepspeed-lr1e-2-n2-s{seed}", (1,)
     ),
+    "the default - LAMB, 8 simulated, seed 1": pairs(
+        "cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}", "cpu-rung-m-onebit_lamb-lr1e-2-sim8-s{seed}", (1,)
+    ),
+    "abl-fp32server - LAMB, 8 simulated": pairs(
+        "cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}",
+        "cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s{seed}",
+        (1,),
+    ),
     "AdamW 1e-3 - LAMB, 2 processes": pairs(
         "cpu-rung-m-lamb-lr1e-2-n2-s{seed}", "cpu-rung-m-adamw-lr1e-3-n2-s{seed}"
     ),
@@ -115,17 +128,20 @@ def main() -> None:
     columns = [f"{t:,}" for t in STEPS] + ["end"]
     print("| arm - peer (same seeds) | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
+    means = {}
     for name, comparison in COMPARISONS.items():
-        lags = np.array([steps_behind(peer, arm) for peer, arm in comparison])
-        mean = lags.mean(0)
+        try:
+            lags = np.array([steps_behind(peer, arm) for peer, arm in comparison])
+        except FileNotFoundError:  # a run not kept yet
+            continue
+        means[name] = lags.mean(0)
         if len(lags) > 1:
-            cells = [f"{m:.0f} ± {s:.0f}" for m, s in zip(mean, lags.std(0, ddof=1))]
+            cells = [f"{m:.0f} ± {s:.0f}" for m, s in zip(means[name], lags.std(0, ddof=1))]
         else:
-            cells = [f"{m:.0f}" for m in mean]
+            cells = [f"{m:.0f}" for m in means[name]]
         print(f"| {name} ({len(lags)}) | " + " | ".join(cells) + " |")
     print(f"\nper step of the compression stage (lag / (t - {FREEZE})), the same rows:")
-    for name, comparison in COMPARISONS.items():
-        mean = np.array([steps_behind(peer, arm) for peer, arm in comparison]).mean(0)[: len(STEPS)]
+    for name, mean in means.items():
         print(f"{name}: " + " ".join(f"{m / (t - FREEZE):.3f}" for m, t in zip(mean, STEPS)))
 
 
