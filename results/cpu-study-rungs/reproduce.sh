@@ -36,7 +36,7 @@
 #               and the default and LAMB at 8 simulated workers (16 sequences each; the seeds): whether the
 #               cost at 32 simulated workers (4 each) follows each worker's share; and the exchange without
 #               the server's 1-bit compression at 8 simulated workers (abl-fp32server, seed 1: a study's
-#               patch, results/cpu-study-m/ablations/)
+#               patch, results/cpu-study-m/ablations/), and without the workers' (abl-fp32worker, seed 1)
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
@@ -90,12 +90,15 @@ declare -A ARM=(
   [abl-ffnrows-onebit_lamb]="optim=onebit_lamb optim.ffn_row_scales=true"
   # the server's average sent in fp32, not in 1 bit (ARM_ENV: results/cpu-study-m/ablations/fp32_server.py)
   [abl-fp32server-onebit_lamb]="optim=onebit_lamb"
+  # the workers' values sent in fp32 and averaged exactly, the server's 1 bit kept (fp32_worker.py there)
+  [abl-fp32worker-onebit_lamb]="optim=onebit_lamb"
   # the control: LAMB itself at simulated workers (nothing compressed; the gradient is that of the n-worker run)
   [abl-lamb]="optim=lamb"
 )
 # what an arm's processes need in their environment: a study's patch (sitecustomize.py of its folder)
 declare -A ARM_ENV=(
   [abl-fp32server-onebit_lamb]="RUNG_ABLATION=fp32_server PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
+  [abl-fp32worker-onebit_lamb]="RUNG_ABLATION=fp32_worker PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
 )
 
 if stage data && (( ! DRY )); then  # as results/cpu-study/reproduce.sh: the vocabulary, then the seq-32 sample
@@ -307,6 +310,8 @@ for RUNG in $RUNGS; do
     done
     # whether the server's second 1-bit compression is the cost that grows from 2 workers to 8 ("Steps behind")
     pretrain abl-fp32server-onebit_lamb "$LAMB_LR" sim8 1
+    # then whether the workers' own compression is (the only part left that changes with the worker count)
+    pretrain abl-fp32worker-onebit_lamb "$LAMB_LR" sim8 1
   fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( DRY )); then echo "pending floor $FLOOR"; fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( ! DRY )); then

@@ -108,6 +108,7 @@ def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Pa
         expected.append(f"cpu-rung-m-onebit_lamb-lr1e-2-sim8-s{seed}")
         expected.append(f"cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}")
     expected.append("cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s1")
+    expected.append("cpu-rung-m-abl-fp32worker-onebit_lamb-lr1e-2-sim8-s1")
     assert pending == expected[1:]  # seed 1's ffnrows at 2 processes finished
 
 
@@ -227,10 +228,10 @@ cp "templates/$name"/* "results/runs/$name/"
 
 
 def test_a_patched_ablation_runs_with_its_patch_and_no_other_arm_does(tmp_path: Path):
-    """`abl-fp32server` runs with RUNG_ABLATION=fp32_server and the patch's folder first on PYTHONPATH (its
-    sitecustomize applies it); the default at the same worker count runs without."""
+    """`abl-fp32server` and `abl-fp32worker` run with RUNG_ABLATION naming their patch and the patches' folder
+    first on PYTHONPATH (its sitecustomize applies it); the default at the same worker count runs without."""
     write_sweeps(tmp_path)
-    for arm in ("abl-fp32server-onebit_lamb", "onebit_lamb"):
+    for arm in ("abl-fp32server-onebit_lamb", "abl-fp32worker-onebit_lamb", "onebit_lamb"):
         write_run(tmp_path / "templates", arm, "1e-2", "sim8", 1, 3.9, rung=RUNG)
     launcher = tmp_path / "launch" / "torchrun.sh"
     launcher.parent.mkdir()
@@ -238,7 +239,7 @@ def test_a_patched_ablation_runs_with_its_patch_and_no_other_arm_does(tmp_path: 
     launcher.chmod(0o755)
     script = install_driver(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("RUNG_ABLATION", "PYTHONPATH")}
-    only = "^cpu-rung-m-(abl-fp32server-)?onebit_lamb-lr1e-2-sim8-s1$"
+    only = "^cpu-rung-m-(abl-fp32(server|worker)-)?onebit_lamb-lr1e-2-sim8-s1$"
     env.update(RUNGS="m", STAGES="ablation", NICE="0", ONLY=only)
     done = subprocess.run(
         ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
@@ -249,4 +250,5 @@ def test_a_patched_ablation_runs_with_its_patch_and_no_other_arm_does(tmp_path: 
     assert calls == [
         ["cpu-rung-m-onebit_lamb-lr1e-2-sim8-s1", "none", "none"],
         ["cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s1", "fp32_server", patch],
+        ["cpu-rung-m-abl-fp32worker-onebit_lamb-lr1e-2-sim8-s1", "fp32_worker", patch],
     ]

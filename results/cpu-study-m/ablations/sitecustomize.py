@@ -1,10 +1,12 @@
-"""Applies the ablation patch RUNG_ABLATION names to every Python process of a run (fp32_server.py)."""
+"""Applies the ablation patch RUNG_ABLATION names to every Python process of a run (fp32_server.py,
+fp32_worker.py)."""
 
+import importlib
 import os
 
-if os.environ.get("RUNG_ABLATION") == "fp32_server":
-    import fp32_server
+if os.environ.get("RUNG_ABLATION") in ("fp32_server", "fp32_worker"):
+    patch = importlib.import_module(os.environ["RUNG_ABLATION"])
 
     from pretrain.comm.compressed_allreduce import CompressedAllreduce
 
-    fp32_server.apply(CompressedAllreduce)
+    patch.apply(CompressedAllreduce)

@@ -1,0 +1,66 @@
+"""Ablation `abl-fp32worker` (rung M, results/cpu-study-m/README.md, "The workers' compression"): the
+compressed allreduce without the workers' 1-bit compression. The servers receive every worker's values in
+fp32 and average them exactly (worker order, `pretrain.comm.exact.worker_order_mean`); each server then
+compresses its chunk of that average as the default does, z = mean + e_s, sends Q(z), e_s ← z − Q(z). The
+exchange's only compression is the server's, which does not depend on the worker count: at any n this is
+what one worker with the server's error feedback would send. A study's patch, not an option: `apply`
+replaces the call of the engine class it is given; `sitecustomize.py` here applies it to
+`CompressedAllreduce` in every process of a run started with this folder first on PYTHONPATH and
+RUNG_ABLATION=fp32_worker (the rung driver's `ARM_ENV`). Not pipelined; the worker errors stay zero; the
+byte counters still count the 1-bit first phase.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pretrain.comm.compressed_allreduce import CompressedAllreduce
+from pretrain.comm.counter import TrafficCounter
+from pretrain.comm.exact import worker_order_mean
+from pretrain.comm.plan import MomentumSource
+
+
+@torch.no_grad()
+def __call__(
+    self: Any, buffer: torch.Tensor, out: torch.Tensor | None = None, *, source: MomentumSource | None = None
+) -> torch.Tensor:
+    """The exact mean of the n workers' values, then each server's 1-bit pass on its chunks of it."""
+    local, out = self._check_call(buffer, out)
+    self.traffic.record(self._call_traffic)
+    if source is not None:
+        if self.virtual_workers > 1:
+            raise ValueError("a value source needs one worker per process")
+        source.fill(local[0])
+    if self.world_size == 1:
+        if out is not buffer:
+            out.copy_(local[0])
+        return out
+    mean = worker_order_mean(local, self.group, self.num_processes, TrafficCounter())
+    chunk_numel = self.chunk_numel
+    for local_chunk, chunk in enumerate(self.local_chunks):
+        plan, count = self.chunk_plans[chunk], self.layout.chunk_segments[chunk]
+        offset = self._local_offsets[local_chunk]
+        server_value = self.server_errors[local_chunk]
+        server_value.add_(mean[chunk * chunk_numel : (chunk + 1) * chunk_numel])
+        scales = self.round_scales(plan.scales(server_value, out=self.server_scales[offset : offset + count]))
+        self.kernels.compress_(
+            server_value, scales, plan, self.server_packed[local_chunk], scratch=local.view(-1)[:chunk_numel]
+        )
+    self._exchange_server_chunks()
+    self._decode_output(out)
+    return out
+
+
+def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
+    """Patch `engine` (CompressedAllreduce or a subclass) in place; returns it."""
+    original_init = engine.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self._pipeline = None  # the pipelined call has its own worker pass
+
+    setattr(engine, "__init__", __init__)
+    setattr(engine, "__call__", __call__)
+    return engine
