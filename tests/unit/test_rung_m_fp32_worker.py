@@ -68,7 +68,7 @@ def _two_processes(rank: int, init: str, results: str) -> None:
 
 
 def test_two_processes_give_what_one_process_of_all_workers_gives(tmp_path: Path):
-    """2 processes × 2 virtual workers (the exact mean's all-to-all, the servers' all-gather) = 1 × 4, bitwise."""
+    """2 processes × 2 virtual workers (the exact mean's all-to-all, the servers' all-gather) = 1 × 4."""
     mp.spawn(_two_processes, args=(f"file://{tmp_path / 'init'}", str(tmp_path / "out")), nprocs=2)
     single = patched_engine()(NUMEL, virtual_workers=WORKERS)
     out = torch.empty(NUMEL)

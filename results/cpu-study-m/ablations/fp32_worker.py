@@ -61,6 +61,6 @@ def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
         original_init(self, *args, **kwargs)
         self._pipeline = None  # the pipelined call has its own worker pass
 
-    setattr(engine, "__init__", __init__)
-    setattr(engine, "__call__", __call__)
+    for name, method in {"__init__": __init__, "__call__": __call__}.items():
+        setattr(engine, name, method)
     return engine
