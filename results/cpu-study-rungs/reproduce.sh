@@ -36,7 +36,8 @@
 #               and the default and LAMB at 8 simulated workers (16 sequences each; the seeds): whether the
 #               cost at 32 simulated workers (4 each) follows each worker's share; and the exchange without
 #               the server's 1-bit compression at 8 simulated workers (abl-fp32server, seed 1: a study's
-#               patch, results/cpu-study-m/ablations/), and without the workers' (abl-fp32worker, seed 1)
+#               patch, results/cpu-study-m/ablations/), and without the workers' (abl-fp32worker, seed 1); and
+#               the workers' values in 2 bits (abl-2bitworker, seed 1, at 8 and 32 simulated workers)
 #   floor       the randomly initialised model (cpu-rung-floor-<model>: max_steps=0)
 #   ft_lr       the SST-2 LR check on the new rung: LAMB's seed-1 checkpoint at its best LR and the floor at
 #               3e-4 1e-3 3e-3, then one LR beyond an edge while the best is at one (at most two more) ->
@@ -92,6 +93,8 @@ declare -A ARM=(
   [abl-fp32server-onebit_lamb]="optim=onebit_lamb"
   # the workers' values sent in fp32 and averaged exactly, the server's 1 bit kept (fp32_worker.py there)
   [abl-fp32worker-onebit_lamb]="optim=onebit_lamb"
+  # each worker's values in 2 bits (two sign passes), the server's 1 bit kept (two_bit_worker.py there)
+  [abl-2bitworker-onebit_lamb]="optim=onebit_lamb"
   # the control: LAMB itself at simulated workers (nothing compressed; the gradient is that of the n-worker run)
   [abl-lamb]="optim=lamb"
 )
@@ -99,6 +102,7 @@ declare -A ARM=(
 declare -A ARM_ENV=(
   [abl-fp32server-onebit_lamb]="RUNG_ABLATION=fp32_server PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
   [abl-fp32worker-onebit_lamb]="RUNG_ABLATION=fp32_worker PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
+  [abl-2bitworker-onebit_lamb]="RUNG_ABLATION=two_bit_worker PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
 )
 
 if stage data && (( ! DRY )); then  # as results/cpu-study/reproduce.sh: the vocabulary, then the seq-32 sample
@@ -312,6 +316,9 @@ for RUNG in $RUNGS; do
     pretrain abl-fp32server-onebit_lamb "$LAMB_LR" sim8 1
     # then whether the workers' own compression is (the only part left that changes with the worker count)
     pretrain abl-fp32worker-onebit_lamb "$LAMB_LR" sim8 1
+    # it is ("The workers' compression" in the rung's report): whether a second bit per worker is enough
+    pretrain abl-2bitworker-onebit_lamb "$LAMB_LR" sim8 1
+    pretrain abl-2bitworker-onebit_lamb "$LAMB_LR" sim32 1
   fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( DRY )); then echo "pending floor $FLOOR"; fi
   if stage floor && [[ ! -d $FLOOR/checkpoints ]] && (( ! DRY )); then

@@ -109,6 +109,7 @@ def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Pa
         expected.append(f"cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}")
     expected.append("cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s1")
     expected.append("cpu-rung-m-abl-fp32worker-onebit_lamb-lr1e-2-sim8-s1")
+    expected += [f"cpu-rung-m-abl-2bitworker-onebit_lamb-lr1e-2-{w}-s1" for w in ("sim8", "sim32")]
     assert pending == expected[1:]  # seed 1's ffnrows at 2 processes finished
 
 

@@ -37,20 +37,24 @@ def __call__(
         if out is not buffer:
             out.copy_(local[0])
         return out
-    mean = worker_order_mean(local, self.group, self.num_processes, TrafficCounter())
+    serve_mean(self, worker_order_mean(local, self.group, self.num_processes, TrafficCounter()), out)
+    return out
+
+
+def serve_mean(self: Any, mean: torch.Tensor, out: torch.Tensor) -> None:
+    """The servers' 1-bit pass on `mean` (the n workers' mean, the same on every process), as the default's
+    `_serve` on its average: z = mean + e_s, Q(z) to every process, e_s ← z − Q(z); the result in `out`."""
     chunk_numel = self.chunk_numel
+    scratch = torch.empty(chunk_numel, device=mean.device)
     for local_chunk, chunk in enumerate(self.local_chunks):
         plan, count = self.chunk_plans[chunk], self.layout.chunk_segments[chunk]
         offset = self._local_offsets[local_chunk]
         server_value = self.server_errors[local_chunk]
         server_value.add_(mean[chunk * chunk_numel : (chunk + 1) * chunk_numel])
         scales = self.round_scales(plan.scales(server_value, out=self.server_scales[offset : offset + count]))
-        self.kernels.compress_(
-            server_value, scales, plan, self.server_packed[local_chunk], scratch=local.view(-1)[:chunk_numel]
-        )
+        self.kernels.compress_(server_value, scales, plan, self.server_packed[local_chunk], scratch=scratch)
     self._exchange_server_chunks()
     self._decode_output(out)
-    return out
 
 
 def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
