@@ -118,6 +118,24 @@ COMPARISONS = {
         "cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s{seed}",
         (1,),
     ),
+    "abl-fp32worker - LAMB, 8 simulated": pairs(
+        "cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}",
+        "cpu-rung-m-abl-fp32worker-onebit_lamb-lr1e-2-sim8-s{seed}",
+        (1,),
+    ),
+    "abl-2bitworker - LAMB, 8 simulated": pairs(
+        "cpu-rung-m-abl-lamb-lr1e-2-sim8-s{seed}",
+        "cpu-rung-m-abl-2bitworker-onebit_lamb-lr1e-2-sim8-s{seed}",
+        (1,),
+    ),
+    "the default - LAMB, 32 simulated, seed 1": pairs(
+        "cpu-rung-m-abl-lamb-lr1e-2-sim32-s{seed}", "cpu-rung-m-onebit_lamb-lr1e-2-sim32-s{seed}", (1,)
+    ),
+    "abl-2bitworker - LAMB, 32 simulated": pairs(
+        "cpu-rung-m-abl-lamb-lr1e-2-sim32-s{seed}",
+        "cpu-rung-m-abl-2bitworker-onebit_lamb-lr1e-2-sim32-s{seed}",
+        (1,),
+    ),
     "AdamW 1e-3 - LAMB, 2 processes": pairs(
         "cpu-rung-m-lamb-lr1e-2-n2-s{seed}", "cpu-rung-m-adamw-lr1e-3-n2-s{seed}"
     ),
