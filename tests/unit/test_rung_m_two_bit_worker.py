@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pretrain.comm.compressed_allreduce import CompressedAllreduce
+from pretrain.comm.layout import Block, ScaleLayout
 
 FOLDER = Path(__file__).resolve().parents[2] / "results" / "cpu-study-m" / "ablations"
 NUMEL, WORKERS = 8 * 16 * 64, 4
@@ -60,6 +61,29 @@ def test_each_worker_sends_two_sign_passes_and_keeps_what_they_miss():
         server_error = new_server_error
         for c in range(WORKERS):  # the servers' pass stays 1 bit: one magnitude per chunk
             assert out[c * chunk : (c + 1) * chunk].abs().unique().numel() == 1
+
+
+def test_the_runs_fused_worker_pass_gives_the_reference_passes_bits():
+    """The study's runs take the fused numba worker pass (mean_abs scales per row, bfloat16 on the wire);
+    patched, it gives the torch kernels' bits, and the second pass leaves less than the first."""
+    blocks = [Block(NUMEL // 2, 64), Block(NUMEL // 4, 256), Block(NUMEL // 4, NUMEL // 4)]
+    options = dict(virtual_workers=WORKERS, sign_scale="mean_abs", scale_dtype="bfloat16")
+    engines = [
+        patched_engine()(NUMEL, layout=ScaleLayout.from_blocks(blocks, NUMEL, WORKERS), kernels=k, **options)
+        for k in ("numba", "torch")
+    ]
+    one_pass = CompressedAllreduce(
+        NUMEL, layout=ScaleLayout.from_blocks(blocks, NUMEL, WORKERS), kernels="torch", **options
+    )
+    one_pass(values(0), torch.empty(NUMEL))
+    for step in range(3):
+        outs = [torch.empty(NUMEL), torch.empty(NUMEL)]
+        for engine, out in zip(engines, outs):
+            engine(values(step), out)
+        assert torch.equal(outs[0], outs[1])
+        assert torch.equal(engines[0].worker_error, engines[1].worker_error)
+        if step == 0:
+            assert engines[0].worker_error.norm() < 0.8 * one_pass.worker_error.norm()
 
 
 def _two_processes(rank: int, init: str, results: str) -> None:
