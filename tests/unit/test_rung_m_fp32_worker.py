@@ -2,37 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pretrain.comm.compressed_allreduce import CompressedAllreduce
-
-PATCH = Path(__file__).resolve().parents[2] / "results" / "cpu-study-m" / "ablations" / "fp32_worker.py"
-NUMEL, WORKERS = 8 * 16 * 64, 4
-
-
-def patched_engine() -> type:
-    spec = importlib.util.spec_from_file_location("fp32_worker", PATCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-    class Patched(CompressedAllreduce):  # patched, not the class every other test uses
-        pass
-
-    return module.apply(Patched)
-
-
-def values(step: int) -> torch.Tensor:
-    return torch.randn(WORKERS, NUMEL, generator=torch.Generator().manual_seed(step))
+from tests.unit.rung_m_patches import (
+    NUMEL,
+    WORKERS,
+    assert_two_processes_give_one_process,
+    patched_engine,
+    values,
+)
 
 
 def test_the_average_is_the_servers_one_bit_pass_on_the_exact_mean():
-    engine = patched_engine()(NUMEL, virtual_workers=WORKERS)
+    engine = patched_engine("fp32_worker")(NUMEL, virtual_workers=WORKERS)
     chunk = NUMEL // WORKERS
     error = torch.zeros(NUMEL)  # the servers' errors, chunk by chunk
     for step in range(3):
@@ -50,29 +35,12 @@ def test_the_average_is_the_servers_one_bit_pass_on_the_exact_mean():
     default = CompressedAllreduce(NUMEL, virtual_workers=WORKERS)
     expected = torch.empty(NUMEL)
     default(values(0), expected)
-    first = patched_engine()(NUMEL, virtual_workers=WORKERS)
+    first = patched_engine("fp32_worker")(NUMEL, virtual_workers=WORKERS)
     out = torch.empty(NUMEL)
     first(values(0), out)
     assert not torch.equal(out, expected)
 
 
-def _two_processes(rank: int, init: str, results: str) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    engine = patched_engine()(NUMEL, virtual_workers=WORKERS // 2)
-    out = torch.empty(NUMEL)
-    for step in range(3):
-        x = values(step)[rank * 2 : rank * 2 + 2]
-        engine(x.clone(), out)
-    torch.save(out, f"{results}-{rank}.pt")
-    dist.destroy_process_group()
-
-
 def test_two_processes_give_what_one_process_of_all_workers_gives(tmp_path: Path):
     """2 processes × 2 virtual workers (the exact mean's all-to-all, the servers' all-gather) = 1 × 4."""
-    mp.spawn(_two_processes, args=(f"file://{tmp_path / 'init'}", str(tmp_path / "out")), nprocs=2)
-    single = patched_engine()(NUMEL, virtual_workers=WORKERS)
-    out = torch.empty(NUMEL)
-    for step in range(3):
-        single(values(step).clone(), out)
-    for rank in range(2):
-        assert torch.equal(torch.load(tmp_path / f"out-{rank}.pt", weights_only=True), out)
+    assert_two_processes_give_one_process("fp32_worker", tmp_path)

@@ -2,37 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pretrain.comm.compressed_allreduce import CompressedAllreduce
 from pretrain.comm.layout import Block, ScaleLayout
-
-FOLDER = Path(__file__).resolve().parents[2] / "results" / "cpu-study-m" / "ablations"
-NUMEL, WORKERS = 8 * 16 * 64, 4
-
-
-def patched_engine() -> type:
-    if str(FOLDER) not in sys.path:  # the patch imports fp32_worker as the run's PYTHONPATH lets it
-        sys.path.insert(0, str(FOLDER))
-    spec = importlib.util.spec_from_file_location("two_bit_worker", FOLDER / "two_bit_worker.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-    class Patched(CompressedAllreduce):  # patched, not the class every other test uses
-        pass
-
-    return module.apply(Patched)
-
-
-def values(step: int) -> torch.Tensor:
-    return torch.randn(WORKERS, NUMEL, generator=torch.Generator().manual_seed(step))
+from tests.unit.rung_m_patches import (
+    NUMEL,
+    WORKERS,
+    assert_two_processes_give_one_process,
+    patched_engine,
+    values,
+)
 
 
 def one_bit(y: torch.Tensor) -> torch.Tensor:
@@ -41,7 +23,7 @@ def one_bit(y: torch.Tensor) -> torch.Tensor:
 
 
 def test_each_worker_sends_two_sign_passes_and_keeps_what_they_miss():
-    engine = patched_engine()(NUMEL, virtual_workers=WORKERS)
+    engine = patched_engine("two_bit_worker")(NUMEL, virtual_workers=WORKERS)
     chunk = NUMEL // WORKERS
     worker_errors, server_error = torch.zeros(WORKERS, NUMEL), torch.zeros(NUMEL)
     for step in range(3):
@@ -68,8 +50,9 @@ def test_the_runs_fused_worker_pass_gives_the_reference_passes_bits():
     patched, it gives the torch kernels' bits, and the second pass leaves less than the first."""
     blocks = [Block(NUMEL // 2, 64), Block(NUMEL // 4, 256), Block(NUMEL // 4, NUMEL // 4)]
     options = dict(virtual_workers=WORKERS, sign_scale="mean_abs", scale_dtype="bfloat16")
+    patched = patched_engine("two_bit_worker")
     engines = [
-        patched_engine()(NUMEL, layout=ScaleLayout.from_blocks(blocks, NUMEL, WORKERS), kernels=k, **options)
+        patched(NUMEL, layout=ScaleLayout.from_blocks(blocks, NUMEL, WORKERS), kernels=k, **options)
         for k in ("numba", "torch")
     ]
     one_pass = CompressedAllreduce(
@@ -86,23 +69,6 @@ def test_the_runs_fused_worker_pass_gives_the_reference_passes_bits():
             assert engines[0].worker_error.norm() < 0.8 * one_pass.worker_error.norm()
 
 
-def _two_processes(rank: int, init: str, results: str) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    engine = patched_engine()(NUMEL, virtual_workers=WORKERS // 2)
-    out = torch.empty(NUMEL)
-    for step in range(3):
-        x = values(step)[rank * 2 : rank * 2 + 2]
-        engine(x.clone(), out)
-    torch.save(out, f"{results}-{rank}.pt")
-    dist.destroy_process_group()
-
-
 def test_two_processes_give_what_one_process_of_all_workers_gives(tmp_path: Path):
     """2 processes × 2 virtual workers = 1 × 4, bit for bit."""
-    mp.spawn(_two_processes, args=(f"file://{tmp_path / 'init'}", str(tmp_path / "out")), nprocs=2)
-    single = patched_engine()(NUMEL, virtual_workers=WORKERS)
-    out = torch.empty(NUMEL)
-    for step in range(3):
-        single(values(step).clone(), out)
-    for rank in range(2):
-        assert torch.equal(torch.load(tmp_path / f"out-{rank}.pt", weights_only=True), out)
+    assert_two_processes_give_one_process("two_bit_worker", tmp_path)

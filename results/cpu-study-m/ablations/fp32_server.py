@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from patching import patch
 
 from pretrain.comm.collectives import all_gather_flat
 from pretrain.comm.compressed_allreduce import CompressedAllreduce
@@ -44,18 +45,9 @@ def _decode_output(self: Any, out: torch.Tensor) -> None:
 
 def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
     """Patch `engine` (CompressedAllreduce or a subclass) in place; returns it."""
-    original_init = engine.__init__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        self._pipeline = None  # the pipelined call has its own server pass
-
     methods = {
-        "__init__": __init__,
         "_serve": _serve,
         "_exchange_server_chunks": _exchange_server_chunks,
         "_decode_output": _decode_output,
     }
-    for name, method in methods.items():
-        setattr(engine, name, method)
-    return engine
+    return patch(engine, methods)

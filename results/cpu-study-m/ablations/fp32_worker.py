@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from patching import begin_call, patch
 
 from pretrain.comm.compressed_allreduce import CompressedAllreduce
 from pretrain.comm.counter import TrafficCounter
@@ -27,15 +28,8 @@ def __call__(
     self: Any, buffer: torch.Tensor, out: torch.Tensor | None = None, *, source: MomentumSource | None = None
 ) -> torch.Tensor:
     """The exact mean of the n workers' values, then each server's 1-bit pass on its chunks of it."""
-    local, out = self._check_call(buffer, out)
-    self.traffic.record(self._call_traffic)
-    if source is not None:
-        if self.virtual_workers > 1:
-            raise ValueError("a value source needs one worker per process")
-        source.fill(local[0])
-    if self.world_size == 1:
-        if out is not buffer:
-            out.copy_(local[0])
+    local, out, identity = begin_call(self, buffer, out, source)
+    if identity:
         return out
     serve_mean(self, worker_order_mean(local, self.group, self.num_processes, TrafficCounter()), out)
     return out
@@ -59,12 +53,4 @@ def serve_mean(self: Any, mean: torch.Tensor, out: torch.Tensor) -> None:
 
 def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
     """Patch `engine` (CompressedAllreduce or a subclass) in place; returns it."""
-    original_init = engine.__init__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        self._pipeline = None  # the pipelined call has its own worker pass
-
-    for name, method in {"__init__": __init__, "__call__": __call__}.items():
-        setattr(engine, name, method)
-    return engine
+    return patch(engine, {"__call__": __call__})

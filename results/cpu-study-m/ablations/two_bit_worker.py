@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from fp32_worker import serve_mean
+from patching import begin_call, patch
 
 from pretrain.comm.compressed_allreduce import CompressedAllreduce
 from pretrain.comm.counter import TrafficCounter
@@ -28,15 +29,8 @@ def __call__(
     self: Any, buffer: torch.Tensor, out: torch.Tensor | None = None, *, source: MomentumSource | None = None
 ) -> torch.Tensor:
     """Each worker's 2-bit value Q1 + Q2 (its error feedback kept), their exact mean, the servers' 1 bit."""
-    local, out = self._check_call(buffer, out)
-    self.traffic.record(self._call_traffic)
-    if source is not None:
-        if self.virtual_workers > 1:
-            raise ValueError("a value source needs one worker per process")
-        source.fill(local[0])
-    if self.world_size == 1:
-        if out is not buffer:
-            out.copy_(local[0])
+    local, out, identity = begin_call(self, buffer, out, source)
+    if identity:
         return out
     scratch = torch.empty(self.numel, device=local.device)
     for worker in range(self.virtual_workers):
@@ -54,12 +48,4 @@ def __call__(
 
 def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
     """Patch `engine` (CompressedAllreduce or a subclass) in place; returns it."""
-    original_init = engine.__init__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        self._pipeline = None  # the pipelined call has its own worker pass
-
-    for name, method in {"__init__": __init__, "__call__": __call__}.items():
-        setattr(engine, name, method)
-    return engine
+    return patch(engine, {"__call__": __call__})
