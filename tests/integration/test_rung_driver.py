@@ -110,6 +110,7 @@ def test_rung_m_ablations_run_lamb_itself_only_at_simulated_workers(tmp_path: Pa
     expected.append("cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s1")
     expected.append("cpu-rung-m-abl-fp32worker-onebit_lamb-lr1e-2-sim8-s1")
     expected += [f"cpu-rung-m-abl-2bitworker-onebit_lamb-lr1e-2-{w}-s1" for w in ("sim8", "sim32")]
+    expected.append("cpu-rung-m-abl-fp32worker-onebit_lamb-lr1e-2-sim32-s1")
     assert pending == expected[1:]  # seed 1's ffnrows at 2 processes finished
 
 
@@ -253,3 +254,45 @@ def test_a_patched_ablation_runs_with_its_patch_and_no_other_arm_does(tmp_path: 
         ["cpu-rung-m-abl-fp32server-onebit_lamb-lr1e-2-sim8-s1", "fp32_server", patch],
         ["cpu-rung-m-abl-fp32worker-onebit_lamb-lr1e-2-sim8-s1", "fp32_worker", patch],
     ]
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# the venv's python, but the report's comparison and records only logged (they write the project's results/)
+case "$1 $2" in
+  "-m results.compare" | "-m bench") echo "$*" >> calls.log ;;
+  *) exec {python} "$@" ;;
+esac
+"""
+
+
+def test_the_report_keeps_the_first_run_of_a_run_again(tmp_path: Path):
+    """A run again for its checkpoints (first run's files in first-run/) is kept and reported by its first
+    run's summary, metrics and config, not the run again's (a run again may differ in its last digits); a run
+    without one is kept as it is."""
+    runs = write_sweeps(tmp_path)
+    folder = runs / "cpu-rung-m-lamb-lr1e-2-n2-s1"
+    (folder / "first-run").mkdir()
+    for name in ("summary.json", "metrics.jsonl", "config.yaml"):
+        (folder / name).rename(folder / "first-run" / name)
+        shutil.copy2(write_run(tmp_path / "again", "lamb", "1e-2", "n2", 1, 3.7, rung=RUNG) / name, folder)
+        shutil.rmtree(tmp_path / "again")
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON.format(python=sys.executable))
+    python.chmod(0o755)
+    script = install_driver(tmp_path)
+    env = {**os.environ, "RUNGS": "m", "STAGES": "report", "NICE": "0"}
+    done = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    kept = tmp_path / "results" / "cpu-study" / "runs"
+    for name in ("summary.json", "metrics.jsonl", "config.yaml"):
+        assert (kept / folder.name / name).read_bytes() == (folder / "first-run" / name).read_bytes()
+        other = "cpu-rung-m-adamw-lr1e-3-n2-s1"
+        assert (kept / other / name).read_bytes() == (runs / other / name).read_bytes()
+    assert (kept / folder.name / "metrics.jsonl").read_bytes() != (folder / "metrics.jsonl").read_bytes()
+    compare, records = (tmp_path / "calls.log").read_text().splitlines()
+    assert compare.startswith("-m results.compare study=cpu-study-m runs=[")  # the kept runs at their LRs
+    assert f"results/cpu-study/runs/{folder.name}" in compare
+    assert records == "-m bench fidelity"
