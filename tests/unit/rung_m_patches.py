@@ -18,9 +18,9 @@ FOLDER = Path(__file__).resolve().parents[2] / "results" / "cpu-study-m" / "abla
 NUMEL, WORKERS = 8 * 16 * 64, 4
 
 
-def patched_engine(name: str) -> type:
-    """A subclass of CompressedAllreduce with the patch `name` (e.g. "fp32_server") applied, not the class
-    every other test uses."""
+def patched_engine(name: str, **options: object) -> type:
+    """A subclass of CompressedAllreduce with the patch `name` (e.g. "fp32_server") applied with `options`,
+    not the class every other test uses."""
     if str(FOLDER) not in sys.path:  # the patches import each other as the run's PYTHONPATH lets them
         sys.path.insert(0, str(FOLDER))
     spec = importlib.util.spec_from_file_location(name, FOLDER / f"{name}.py")
@@ -31,7 +31,7 @@ def patched_engine(name: str) -> type:
     class Patched(CompressedAllreduce):
         pass
 
-    return module.apply(Patched)
+    return module.apply(Patched, **options)
 
 
 def values(step: int) -> torch.Tensor:

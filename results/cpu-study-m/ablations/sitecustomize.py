@@ -1,10 +1,12 @@
 """Applies the ablation patch RUNG_ABLATION names to every Python process of a run (fp32_server.py,
-fp32_worker.py, two_bit_worker.py)."""
+fp32_worker.py, two_bit_worker.py, worker_decay.py, exact_mean.py)."""
 
 import importlib
 import os
 
-if os.environ.get("RUNG_ABLATION") in ("fp32_server", "fp32_worker", "two_bit_worker"):
+PATCHES = ("fp32_server", "fp32_worker", "two_bit_worker", "worker_decay", "exact_mean")
+
+if os.environ.get("RUNG_ABLATION") in PATCHES:
     patch = importlib.import_module(os.environ["RUNG_ABLATION"])
 
     from pretrain.comm.compressed_allreduce import CompressedAllreduce
