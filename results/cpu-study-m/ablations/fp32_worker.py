@@ -15,24 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from patching import begin_call, patch
+from patching import patch, replaced_call
 
 from pretrain.comm.compressed_allreduce import CompressedAllreduce
 from pretrain.comm.counter import TrafficCounter
 from pretrain.comm.exact import worker_order_mean
-from pretrain.comm.plan import MomentumSource
 
 
-@torch.no_grad()
-def __call__(
-    self: Any, buffer: torch.Tensor, out: torch.Tensor | None = None, *, source: MomentumSource | None = None
-) -> torch.Tensor:
+def exact_workers(self: Any, local: torch.Tensor, out: torch.Tensor) -> None:
     """The exact mean of the n workers' values, then each server's 1-bit pass on its chunks of it."""
-    local, out, identity = begin_call(self, buffer, out, source)
-    if identity:
-        return out
     serve_mean(self, worker_order_mean(local, self.group, self.num_processes, TrafficCounter()), out)
-    return out
 
 
 def serve_mean(self: Any, mean: torch.Tensor, out: torch.Tensor) -> None:
@@ -53,4 +45,4 @@ def serve_mean(self: Any, mean: torch.Tensor, out: torch.Tensor) -> None:
 
 def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
     """Patch `engine` (CompressedAllreduce or a subclass) in place; returns it."""
-    return patch(engine, {"__call__": __call__})
+    return patch(engine, {"__call__": replaced_call(exact_workers)})

@@ -1,8 +1,10 @@
-"""What the rung's ablation patches (fp32_server.py, fp32_worker.py, two_bit_worker.py) share: installing
-their methods on the engine class, unpipelined, and the opening of a replaced call."""
+"""What the rung's ablation patches (fp32_server.py, fp32_worker.py, two_bit_worker.py, worker_decay.py,
+exact_mean.py) share: installing their methods on the engine class, unpipelined, and the opening of a replaced
+call."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,3 +44,25 @@ def begin_call(
             out.copy_(local[0])
         return local, out, True
     return local, out, False
+
+
+def replaced_call(body: Callable[[Any, torch.Tensor, torch.Tensor], None]) -> Callable[..., torch.Tensor]:
+    """A replacement for the engine's `__call__`: the engine's opening (`begin_call`), then `body(self, local,
+    out)` writes the average of the [k, numel] rows `local` into `out`, unless there is one worker only."""
+
+    @torch.no_grad()
+    def __call__(
+        self: Any,
+        buffer: torch.Tensor,
+        out: torch.Tensor | None = None,
+        *,
+        source: MomentumSource | None = None,
+    ) -> torch.Tensor:
+        local, out, identity = begin_call(self, buffer, out, source)
+        if not identity:
+            body(self, local, out)
+        return out
+
+    __call__.__doc__ = body.__doc__
+    __call__.__module__ = body.__module__
+    return __call__

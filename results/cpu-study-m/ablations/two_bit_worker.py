@@ -16,22 +16,15 @@ from typing import Any
 
 import torch
 from fp32_worker import serve_mean
-from patching import begin_call, patch
+from patching import patch, replaced_call
 
 from pretrain.comm.compressed_allreduce import CompressedAllreduce
 from pretrain.comm.counter import TrafficCounter
 from pretrain.comm.exact import worker_order_mean
-from pretrain.comm.plan import MomentumSource
 
 
-@torch.no_grad()
-def __call__(
-    self: Any, buffer: torch.Tensor, out: torch.Tensor | None = None, *, source: MomentumSource | None = None
-) -> torch.Tensor:
+def two_bit_workers(self: Any, local: torch.Tensor, out: torch.Tensor) -> None:
     """Each worker's 2-bit value Q1 + Q2 (its error feedback kept), their exact mean, the servers' 1 bit."""
-    local, out, identity = begin_call(self, buffer, out, source)
-    if identity:
-        return out
     scratch = torch.empty(self.numel, device=local.device)
     for worker in range(self.virtual_workers):
         error = self.worker_errors[worker]
@@ -43,9 +36,8 @@ def __call__(
         sent.sub_(error)  # Q1 + Q2
     mean = worker_order_mean(local, self.group, self.num_processes, TrafficCounter())
     serve_mean(self, mean, out)
-    return out
 
 
 def apply(engine: type[CompressedAllreduce]) -> type[CompressedAllreduce]:
     """Patch `engine` (CompressedAllreduce or a subclass) in place; returns it."""
-    return patch(engine, {"__call__": __call__})
+    return patch(engine, {"__call__": replaced_call(two_bit_workers)})
