@@ -12,9 +12,7 @@ the lag is printed every 100 steps where both smoothed curves reach.
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -28,13 +26,7 @@ _spec.loader.exec_module(steps_behind)
 
 def mlm_losses(run: Path) -> dict[int, float]:
     """step → logged MLM loss, from the run's metrics.jsonl (or .gz)."""
-    path = run / "metrics.jsonl"
-    if path.exists():
-        lines = path.read_text().splitlines()
-    else:
-        with gzip.open(f"{path}.gz", "rt") as file:
-            lines = file.read().splitlines()
-    return {record["step"]: record["mlm_loss"] for record in map(json.loads, lines) if "mlm_loss" in record}
+    return steps_behind.mlm_records(run)
 
 
 def windows(a: dict[int, float], b: dict[int, float], width: int) -> list[tuple[int, int, float, float]]:

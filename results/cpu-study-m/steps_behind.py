@@ -24,9 +24,9 @@ STEPS = (1000, 1200, 1400, 1600, 2000, 2400, 2800)
 FREEZE = 640  # the recipe's freeze_step: the compression stage starts after it
 
 
-def mlm_curve(run: str) -> tuple[np.ndarray, np.ndarray]:
-    """The run's logged (step, MLM loss), in step order, one record per step (the last written)."""
-    folder = RUNS / run
+def mlm_records(folder: Path) -> dict[int, float]:
+    """step → logged MLM loss of the run in `folder` (its metrics.jsonl.gz, else metrics.jsonl), one record
+    per step (the last written)."""
     packed = folder / "metrics.jsonl.gz"
     records: dict[int, float] = {}
     with gzip.open(packed, "rt") if packed.exists() else open(folder / "metrics.jsonl") as lines:
@@ -34,6 +34,12 @@ def mlm_curve(run: str) -> tuple[np.ndarray, np.ndarray]:
             record = json.loads(line)
             if "mlm_loss" in record and record.get("step") is not None:
                 records[int(record["step"])] = float(record["mlm_loss"])
+    return records
+
+
+def mlm_curve(run: str) -> tuple[np.ndarray, np.ndarray]:
+    """The kept run's logged (step, MLM loss), in step order (`mlm_records`)."""
+    records = mlm_records(RUNS / run)
     steps = np.array(sorted(records))
     return steps, np.array([records[s] for s in steps])
 
