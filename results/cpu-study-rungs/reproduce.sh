@@ -90,7 +90,7 @@ declare -A ARM=(
   [abl-freeze160-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=160"
   [abl-freeze1280-onebit_lamb]="optim=onebit_lamb batch.phases.0.freeze_step=1280"
   [abl-ffnrows-onebit_lamb]="optim=onebit_lamb optim.ffn_row_scales=true"
-  # the server's average sent in fp32, not in 1 bit (ARM_ENV: results/cpu-study-m/ablations/fp32_server.py)
+  # the server's average sent in fp32, not in 1 bit (ARM_PATCH: results/cpu-study-m/ablations/fp32_server.py)
   [abl-fp32server-onebit_lamb]="optim=onebit_lamb"
   # the workers' values sent in fp32 and averaged exactly, the server's 1 bit kept (fp32_worker.py there)
   [abl-fp32worker-onebit_lamb]="optim=onebit_lamb"
@@ -99,11 +99,12 @@ declare -A ARM=(
   # the control: LAMB itself at simulated workers (nothing compressed; the gradient is that of the n-worker run)
   [abl-lamb]="optim=lamb"
 )
-# what an arm's processes need in their environment: a study's patch (sitecustomize.py of its folder)
-declare -A ARM_ENV=(
-  [abl-fp32server-onebit_lamb]="RUNG_ABLATION=fp32_server PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
-  [abl-fp32worker-onebit_lamb]="RUNG_ABLATION=fp32_worker PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
-  [abl-2bitworker-onebit_lamb]="RUNG_ABLATION=two_bit_worker PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD"
+# a study's patch an arm's processes apply (results/cpu-study-m/ablations/: its sitecustomize.py reads
+# RUNG_ABLATION, with that folder first on PYTHONPATH)
+declare -A ARM_PATCH=(
+  [abl-fp32server-onebit_lamb]=fp32_server
+  [abl-fp32worker-onebit_lamb]=fp32_worker
+  [abl-2bitworker-onebit_lamb]=two_bit_worker
 )
 
 if stage data && (( ! DRY )); then  # as results/cpu-study/reproduce.sh: the vocabulary, then the seq-32 sample
@@ -152,9 +153,11 @@ pretrain() {
   every=$CHECKPOINT_EVERY  # long runs: resumable from a checkpoint
   load=$(cut -d' ' -f1 /proc/loadavg)
   times > results/runs/.times-before  # the CPU seconds of this shell's finished children (not in a subshell)
-  local status=0
-  # shellcheck disable=SC2086
-  nice -n "$NICE" env OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) ${ARM_ENV[$arm]:-} \
+  local status=0 patch_env=()
+  [[ -z ${ARM_PATCH[$arm]:-} ]] ||
+    patch_env=("RUNG_ABLATION=${ARM_PATCH[$arm]}" "PYTHONPATH=$PWD/results/cpu-study-m/ablations:$PWD")
+  # shellcheck disable=SC2086  # ARM, MODEL_ARGS: overrides, word-split
+  nice -n "$NICE" env OMP_NUM_THREADS=$(( processes == 1 ? 2 : 1 )) "${patch_env[@]}" \
     launch/torchrun.sh --nproc "$processes" -- \
     batch="$BATCH" ${ARM[$arm]} model="$MODEL" $MODEL_ARGS data_dir="data/prepared/$DATA" seed="$seed" \
     run_name="$run" sim_world_size="$per_process" batch.phases.0.micro_batch="$micro" batch.phases.0.lr="$lr" \

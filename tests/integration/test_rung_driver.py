@@ -223,7 +223,7 @@ def test_a_stopped_run_leaves_its_part_in_the_times_and_stops_the_driver(tmp_pat
 ENV_LAUNCHER = """#!/usr/bin/env bash
 # the study's launcher, faked: records the run and the patch its environment names, finishes at once
 for arg; do case $arg in run_name=*) name=${arg#run_name=} ;; esac; done
-echo "$name ${RUNG_ABLATION:-none} ${PYTHONPATH:-none}" >> calls.log
+printf '%s\\t%s\\t%s\\n' "$name" "${RUNG_ABLATION:-none}" "${PYTHONPATH:-none}" >> calls.log
 mkdir -p "results/runs/$name/checkpoints"
 cp "templates/$name"/* "results/runs/$name/"
 """
@@ -231,7 +231,9 @@ cp "templates/$name"/* "results/runs/$name/"
 
 def test_a_patched_ablation_runs_with_its_patch_and_no_other_arm_does(tmp_path: Path):
     """`abl-fp32server` and `abl-fp32worker` run with RUNG_ABLATION naming their patch and the patches' folder
-    first on PYTHONPATH (its sitecustomize applies it); the default at the same worker count runs without."""
+    first on PYTHONPATH (its sitecustomize applies it); the default at the same worker count runs without. The
+    checkout's path has a space in it: the environment is not word-split."""
+    tmp_path = tmp_path / "a checkout"
     write_sweeps(tmp_path)
     for arm in ("abl-fp32server-onebit_lamb", "abl-fp32worker-onebit_lamb", "onebit_lamb"):
         write_run(tmp_path / "templates", arm, "1e-2", "sim8", 1, 3.9, rung=RUNG)
@@ -247,7 +249,7 @@ def test_a_patched_ablation_runs_with_its_patch_and_no_other_arm_does(tmp_path: 
         ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    calls = [line.split(" ") for line in (tmp_path / "calls.log").read_text().splitlines()]
+    calls = [line.split("\t") for line in (tmp_path / "calls.log").read_text().splitlines()]
     patch = f"{tmp_path}/results/cpu-study-m/ablations:{tmp_path}"
     assert calls == [
         ["cpu-rung-m-onebit_lamb-lr1e-2-sim8-s1", "none", "none"],

@@ -3,7 +3,7 @@ compressed allreduce's server pass without its own 1-bit compression. Each serve
 chunks, z = (1/n) Σ_i Q_i, and sends z in fp32 instead of Q(z + e_s) (no server error): the exchange's only
 compression is the workers'. A study's patch, not an option: `apply` replaces three methods of the engine
 class it is given; `sitecustomize.py` here applies it to `CompressedAllreduce` in every process of a run
-started with this folder first on PYTHONPATH and RUNG_ABLATION=fp32_server (the rung driver's `ARM_ENV`).
+started with this folder first on PYTHONPATH and RUNG_ABLATION=fp32_server (the rung driver's `ARM_PATCH`).
 Not pipelined (virtual workers never are); the byte counters still count the 1-bit second phase.
 """
 

@@ -6,7 +6,7 @@ exchange's only compression is the server's, which does not depend on the worker
 what one worker with the server's error feedback would send. A study's patch, not an option: `apply`
 replaces the call of the engine class it is given; `sitecustomize.py` here applies it to
 `CompressedAllreduce` in every process of a run started with this folder first on PYTHONPATH and
-RUNG_ABLATION=fp32_worker (the rung driver's `ARM_ENV`). Not pipelined; the worker errors stay zero; the
+RUNG_ABLATION=fp32_worker (the rung driver's `ARM_PATCH`). Not pipelined; the worker errors stay zero; the
 byte counters still count the 1-bit first phase.
 """
 

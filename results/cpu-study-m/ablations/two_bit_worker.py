@@ -6,7 +6,7 @@ The servers average the workers' Q1 + Q2 and compress the average in 1 bit as th
 (`fp32_worker.serve_mean`). The result is what that 2-bit message gives; the patch forms each worker's
 Q1 + Q2 in fp32 and averages them exactly in worker order instead of packing them (a study's patch, not an
 option: `apply` replaces the call of the engine class it is given; `sitecustomize.py` here applies it with
-RUNG_ABLATION=two_bit_worker, the rung driver's `ARM_ENV`). Not pipelined; the byte counters still count
+RUNG_ABLATION=two_bit_worker, the rung driver's `ARM_PATCH`). Not pipelined; the byte counters still count
 the default's 1-bit exchange.
 """
 
