@@ -13,10 +13,13 @@
 # the rung driver's command, so its logged losses are the kept run's bit for bit, as is the default's screen
 # from its checkpoint); a screen writes results/runs/screen-NAME/ (metrics.jsonl; the checkpoint it starts from
 # is a hard link, removed at the end). PATCH: fp32_server, fp32_worker, two_bit_worker, worker_decay
-# (RUNG_DECAY sets its γ) or exact_mean; none: the default. SCREEN_ARGS: more Hydra overrides for a screen
-# (word-split), e.g. SCREEN_ARGS=optim.variance_refresh=0. Measured on 2 otherwise idle cores: the base to
-# step 800 in 1,230 s; two 600-step screens at once in ~38 min (3.8 s per step each). Two runs of 2 processes
-# at 32 simulated workers take 8-14 GiB, so no more than two at once on this machine's 24 GiB.
+# (RUNG_DECAY sets its γ) or exact_mean; lamb: LAMB's rule from the default's state (the checkpoint converted
+# by lamb_state.py, the screen run with optim=lamb); none: the default. SCREEN_ARGS: more Hydra overrides for a
+# screen (word-split), e.g. SCREEN_ARGS=optim.variance_refresh=0. Measured on 2 otherwise idle cores: the base
+# to step 800 in 1,230 s (1.5 s per step); two 600-step screens at once in ~38 min (3.8 s per step each: one
+# at a time is faster). Two runs of 2 processes at 32 simulated workers take 8-14 GiB, so no more than two at
+# once on this machine's 24 GiB. The whole script is one function, read before it runs: editing this file
+# does not break a screen that is running.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BASE=screen-base-onebit_lamb-sim32-s1
@@ -34,22 +37,34 @@ run_default() {
 }
 
 usage() { sed -n 7,10p "$0" >&2; exit 2; }
-[[ $# -ge 2 ]] || usage
-if [[ $1 == base ]]; then
-  [[ $# -eq 2 ]] || usage
-  SCREEN_ARGS="" run_default "$BASE" "$2" "$2"
-  exit
-fi
-[[ $# -eq 3 || $# -eq 4 ]] || usage
-name=$1 step=$2 end=$3 patch=${4:-}
-source_checkpoint=results/runs/$BASE/checkpoints/$(printf 'step-%08d' "$step")
-[[ -f $source_checkpoint/COMPLETE ]] || {
-  echo "screen.sh: no finished checkpoint $source_checkpoint (results/cpu-study-m/screen.sh base $step)" >&2
-  exit 2
+
+main() {
+  [[ $# -ge 2 ]] || usage
+  if [[ $1 == base ]]; then
+    [[ $# -eq 2 ]] || usage
+    SCREEN_ARGS="" run_default "$BASE" "$2" "$2"
+    return
+  fi
+  [[ $# -eq 3 || $# -eq 4 ]] || usage
+  local name=$1 step=$2 end=$3 patch=${4:-}
+  local source_checkpoint run
+  source_checkpoint=results/runs/$BASE/checkpoints/$(printf 'step-%08d' "$step")
+  [[ -f $source_checkpoint/COMPLETE ]] || {
+    echo "screen.sh: no finished checkpoint $source_checkpoint (results/cpu-study-m/screen.sh base $step)" >&2
+    exit 2
+  }
+  run=results/runs/screen-$name
+  rm -rf "$run"
+  mkdir -p "$run/checkpoints"
+  if [[ $patch == lamb ]]; then
+    .venv/bin/python results/cpu-study-m/lamb_state.py "$source_checkpoint" "results/runs/$BASE/config.yaml" \
+      "$run/checkpoints/$(basename "$source_checkpoint")"
+    SCREEN_ARGS="${SCREEN_ARGS:-} optim=lamb" run_default "screen-$name" "$end" 100000
+  else
+    cp -al "$source_checkpoint" "$run/checkpoints/"
+    run_default "screen-$name" "$end" 100000 "$patch"
+  fi
+  rm -rf "$run/checkpoints"
 }
-run=results/runs/screen-$name
-rm -rf "$run"
-mkdir -p "$run/checkpoints"
-cp -al "$source_checkpoint" "$run/checkpoints/"
-run_default "screen-$name" "$end" 100000 "$patch"
-rm -rf "$run/checkpoints"
+
+main "$@"; exit  # one line: bash has read it whole before main runs

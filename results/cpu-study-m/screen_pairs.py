@@ -7,7 +7,9 @@ B in steps (steps_behind.py's measure: the centred 200-step moving averages, B's
 A, B: run folders (results/runs/screen-NAME, or a kept run's results/cpu-study/runs/...). WIDTH: steps per
 window (100 unless given). --before RUN: a screen's steps before its first logged one are RUN's (the rung run
 whose checkpoint it continued), so that the moving average has its whole window from the screen's start on;
-the lag is printed every 100 steps where both smoothed curves reach.
+the lag is printed every 100 steps where both smoothed curves reach. Where A and B end at the same step, the
+final MLM losses too: each the mean of its last 10 logged records, as the rung's records take it
+(bench/fidelity_rungs.py, FINAL_WINDOW).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+FINAL_WINDOW = 10  # logged records: the rung's final MLM loss (bench/fidelity_rungs.py)
 
 _spec = importlib.util.spec_from_file_location("steps_behind", Path(__file__).with_name("steps_behind.py"))
 assert _spec and _spec.loader
@@ -65,6 +69,13 @@ def lags(a: dict[int, float], b: dict[int, float], every: int = 100) -> list[tup
     return rows
 
 
+def finals(a: dict[int, float], b: dict[int, float], window: int = FINAL_WINDOW) -> list[float] | None:
+    """(A's, B's) mean over their last `window` logged records, where both end at the same step; else None."""
+    if max(a) != max(b):
+        return None
+    return [float(np.mean([r[s] for s in sorted(r)[-window:]])) for r in (a, b)]
+
+
 def main(argv: list[str]) -> None:
     before = None
     if "--before" in argv:
@@ -84,6 +95,10 @@ def main(argv: list[str]) -> None:
         for t, lag in lags(a, b):
             if t >= start:
                 print(f"step {t}: A {lag:.0f} steps behind B")
+    final = finals(a, b)
+    if final is not None:
+        final_a, final_b = final
+        print(f"final (last {FINAL_WINDOW} records): {final_a:.4f} / {final_b:.4f} = {final_a / final_b:.4f}")
 
 
 if __name__ == "__main__":

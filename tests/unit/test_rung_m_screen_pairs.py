@@ -50,3 +50,10 @@ def test_the_lag_of_a_run_behind_another_is_the_steps_between_equal_losses():
     assert all(abs(lag - 50.0) < 1e-6 for _, lag in rows)
     ahead = screen_pairs.lags(b, a)  # B ahead of A, -50, but at the end, where A never got as low
     assert all(abs(lag + 50.0) < 1e-6 for _, lag in ahead[:-1]) and math.isnan(ahead[-1][1])
+
+
+def test_the_final_losses_are_the_last_ten_records_where_both_runs_end_together():
+    a = {step: float(step) for step in range(5, 101, 5)}  # the last ten: 55..100, mean 77.5
+    b = {step: 2.0 for step in range(5, 101, 5)}
+    assert screen_pairs.finals(a, b) == [77.5, 2.0]
+    assert screen_pairs.finals(a, {**b, 105: 2.0}) is None  # B ran on: no common end
