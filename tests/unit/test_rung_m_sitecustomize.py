@@ -39,3 +39,12 @@ def test_the_named_patch_replaces_the_engines_methods(ablation: str):
 def test_without_a_name_or_with_an_unknown_one_the_engine_is_the_default():
     assert method_modules(None) == {"pretrain.comm.compressed_allreduce"}
     assert method_modules("no_such_patch") == {"pretrain.comm.compressed_allreduce"}
+
+
+def test_the_live_variance_patch_takes_the_exact_mean_call():
+    # the engine's call is exact_mean's (the patch adds the optimizer's live variance on top of it)
+    assert method_modules("exact_live_variance") == {
+        "pretrain.comm.compressed_allreduce",
+        "exact_mean",
+        "patching",
+    }
