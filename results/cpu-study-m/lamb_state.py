@@ -18,7 +18,6 @@ v relaxes into LAMB's with β2, a time constant of 1,000 steps). A study's tool,
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -30,6 +29,7 @@ import yaml
 from transformers import BertConfig, BertForPreTraining
 
 from pretrain.checkpoint import CheckpointError, load_checkpoint
+from pretrain.checkpoint import _sha256 as sha256
 from pretrain.optim import build_optimizer
 from pretrain.optim.base import split_replicated
 from pretrain.optim.config import LambConfig
@@ -92,14 +92,10 @@ def lamb_checkpoint(source: Path, run_config: dict[str, Any], target: Path) -> N
         rank_state = {key: value for key, value in state.items() if key != "optimizer"}
         rank_state["optimizer"] = own
         torch.save(rank_state, tmp / path.name)
-    sums = {path.name: _sha256(path) for path in sorted(tmp.iterdir()) if path.is_file()}
+    sums = {path.name: sha256(path) for path in sorted(tmp.iterdir()) if path.is_file()}
     (tmp / "checksums.json").write_text(json.dumps({"sha256": sums}, indent=1) + "\n")
     (tmp / "COMPLETE").write_text("")
     tmp.rename(target)
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:

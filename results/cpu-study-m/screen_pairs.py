@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-FINAL_WINDOW = 10  # logged records: the rung's final MLM loss (bench/fidelity_rungs.py)
+from bench.fidelity_rungs import FINAL_WINDOW  # logged records: the rung's final MLM loss
 
 _spec = importlib.util.spec_from_file_location("steps_behind", Path(__file__).with_name("steps_behind.py"))
 assert _spec and _spec.loader
