@@ -17,14 +17,18 @@ PROBE = (  # the modules that the engine class's own methods come from
 )
 
 
-def method_modules(ablation: str | None) -> set[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RUNG_ABLATION"}
+def probe(ablation: str | None, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNG_")}
     env["PYTHONPATH"] = f"{FOLDER}:{REPO}"
     if ablation is not None:
         env["RUNG_ABLATION"] = ablation
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120, check=True
-    )
+    env.update(extra)
+    return subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+
+
+def method_modules(ablation: str | None, **extra: str) -> set[str]:
+    done = probe(ablation, **extra)
+    assert done.returncode == 0, done.stderr
     return set(done.stdout.split())
 
 
@@ -48,3 +52,18 @@ def test_the_live_variance_patch_takes_the_exact_mean_call():
         "exact_mean",
         "patching",
     }
+
+
+def test_the_step_ranged_patch_wraps_the_default_call():
+    # exact_until keeps the default's methods (its own steps are the default's) and wraps the call
+    assert method_modules("exact_until", RUNG_EXACT_UNTIL="800") == {
+        "pretrain.comm.compressed_allreduce",
+        "exact_until",
+    }
+
+
+@pytest.mark.parametrize("until", [None, "0", "eight hundred"])
+def test_the_step_ranged_patch_needs_its_last_exact_step(until: str | None):
+    done = probe("exact_until", **({} if until is None else {"RUNG_EXACT_UNTIL": until}))
+    assert done.returncode != 0
+    assert "RUNG_EXACT_UNTIL must be the last exactly averaged step" in done.stderr
