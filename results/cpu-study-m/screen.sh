@@ -13,7 +13,8 @@
 # the rung driver's command, so its logged losses are the kept run's bit for bit, as is the default's screen
 # from its checkpoint); a screen writes results/runs/screen-NAME/ (metrics.jsonl; the checkpoint it starts from
 # is a hard link, removed at the end). PATCH (results/cpu-study-m/ablations/): fp32_server, fp32_worker,
-# two_bit_worker, worker_decay (RUNG_DECAY sets its γ), exact_mean or exact_live_variance; lamb: LAMB's rule
+# two_bit_worker, worker_decay (RUNG_DECAY sets its γ), exact_mean, exact_live_variance or exact_until
+# (exact_mean through step RUNG_EXACT_UNTIL, the default's exchange after it); lamb: LAMB's rule
 # from the default's state (the checkpoint converted by lamb_state.py, the screen run with optim=lamb); none:
 # the default. SCREEN_ARGS: more Hydra overrides for a screen (word-split), e.g.
 # SCREEN_ARGS=optim.variance_refresh=0. Measured on 2 otherwise idle cores: the base to step 800 in 1,230 s

@@ -8,21 +8,17 @@ momenta; without the patch the matrices' v stays frozen.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import BertConfig, BertForPreTraining
 
-from launch.local import run_local
 from pretrain.checkpoint import load_checkpoint
-from tests.integration.pretrain_helpers import tiny_run_overrides, train_worker
+from tests.integration.rung_m_patched import train_patched
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-FOLDER = REPO / "results" / "cpu-study-m" / "ablations"
 BETA1, BETA2 = 0.9, 0.999
 
 
@@ -33,21 +29,12 @@ def matrices(run: Path, step: int) -> list[dict[str, torch.Tensor]]:
     return [states[i] for i in sorted(states) if states[i]["exp_avg"].dim() == 2]
 
 
-def train(data: Path, run: Path, monkeypatch: pytest.MonkeyPatch, ablation: str | None) -> None:
-    with monkeypatch.context() as env:
-        if ablation is not None:
-            env.setenv("RUNG_ABLATION", ablation)
-            env.setenv(
-                "PYTHONPATH", os.pathsep.join([str(FOLDER), str(REPO), os.environ.get("PYTHONPATH", "")])
-            )
-        extra = ("sim_world_size=2", "checkpoint.export_hf=true", "checkpoint.every_steps=1", "max_steps=15")
-        run_local(train_worker, 1, (tiny_run_overrides(data, run, "onebit_lamb", *extra),))
-
-
 def test_every_matrix_variance_follows_the_averaged_gradient(
     tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    train(tiny_data, tmp_path / "live", monkeypatch, "exact_live_variance")
+    train_patched(
+        tiny_data, tmp_path / "live", monkeypatch, "exact_live_variance", "checkpoint.export_hf=true"
+    )
     before, after = matrices(tmp_path / "live", 14), matrices(tmp_path / "live", 15)
     for old, new in zip(before, after, strict=True):
         gradient = (new["exp_avg"] - BETA1 * old["exp_avg"]) / (1 - BETA1)
@@ -56,6 +43,6 @@ def test_every_matrix_variance_follows_the_averaged_gradient(
         assert not torch.equal(new["exp_avg_sq"], old["exp_avg_sq"])
         assert not torch.equal(new["exp_avg_sq"], new["exp_avg_sq_fresh"])  # not the freeze's v any more
 
-    train(tiny_data, tmp_path / "default", monkeypatch, None)
+    train_patched(tiny_data, tmp_path / "default", monkeypatch, None, "checkpoint.export_hf=true")
     before, after = matrices(tmp_path / "default", 14), matrices(tmp_path / "default", 15)
     assert all(torch.equal(new["exp_avg_sq"], old["exp_avg_sq"]) for old, new in zip(before, after))
