@@ -55,8 +55,12 @@ def lamb_checkpoint(source: Path, run_config: dict[str, Any], target: Path) -> N
     if "exp_avg_sq_fresh" not in saved["state"][0]:
         raise CheckpointError(f"{source}: before the freeze (no frozen variance): LAMB's own state then")
     moments = {name: saved["state"][index] for index, (name, _) in enumerate(named)}
-    (group,) = {(g["step"], g["lr"], g["initial_lr"], tuple(g["betas"])) for g in saved["param_groups"]}
-    step, lr, initial_lr, (beta1, beta2) = group
+    seen = {(g["step"], g["lr"], g["initial_lr"], tuple(g["betas"])) for g in saved["param_groups"]}
+    if len(seen) != 1:
+        raise CheckpointError(
+            f"{source}: the optimizer's groups differ in step, LR or betas (not one schedule)"
+        )
+    ((step, lr, initial_lr, (beta1, beta2)),) = seen
 
     config = LambConfig(beta1=beta1, beta2=beta2, weight_decay=run_config["optim"]["weight_decay"])
     groups = param_groups(model, config.weight_decay)

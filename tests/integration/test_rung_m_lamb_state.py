@@ -43,7 +43,9 @@ def _named_states(checkpoint: Path, order: list[str]) -> tuple[dict[str, dict], 
     return {name: optimizer["state"][index] for index, name in enumerate(order)}, optimizer["param_groups"]
 
 
-def test_lamb_resumes_from_the_defaults_state(tiny_data: Path, tmp_path: Path):
+def test_lamb_resumes_from_the_defaults_state(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     common = ("sim_world_size=2", "checkpoint.export_hf=true", f"checkpoint.every_steps={STEP}")
     source_run = tmp_path / "onebit"
     train(tiny_run_overrides(tiny_data, source_run, "onebit_lamb", *common, f"max_steps={STEP}"))
@@ -69,6 +71,17 @@ def test_lamb_resumes_from_the_defaults_state(tiny_data: Path, tmp_path: Path):
             torch.testing.assert_close(state[key] / (1 - beta**step), onebit[name][key].contiguous())
     with pytest.raises(CheckpointError, match="exists"):
         lamb_state.lamb_checkpoint(source, run_config, target)
+
+    def two_schedules(*args, **kwargs):  # one group's LR off the others': not one schedule to carry over
+        state, *rest = load_checkpoint(*args, **kwargs)
+        state["optimizer"]["param_groups"][1]["lr"] *= 2
+        return (state, *rest)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(lamb_state, "load_checkpoint", two_schedules)
+        with pytest.raises(CheckpointError, match="groups differ in step, LR or betas"):
+            lamb_state.lamb_checkpoint(source, run_config, tmp_path / "two")
+    assert not (tmp_path / "two").exists() and not (tmp_path / "two.tmp").exists()
 
     train(tiny_run_overrides(tiny_data, target_run, "lamb", *common, f"max_steps={STEP + 4}"))
     steps = [m["step"] for m in read_metrics(target_run) if "loss" in m]
