@@ -3,7 +3,8 @@
 The demo recipe's tiny 1-bit LAMB run (2 simulated workers) is checkpointed after its freeze and converted;
 LAMB's moments are the 1-bit run's m̂ and v̂ in LAMB's raw form (its bias correction gives them back), name
 by name though the two optimizers group the tensors differently; LAMB resumes from it at that step with the
-weights, LR and data cursor carried over, and trains on.
+weights, LR and data cursor carried over, and trains on. Converted at the freeze step itself, where 1-bit
+LAMB's state is LAMB's, LAMB's continuation is LAMB's own run to rounding.
 """
 
 from __future__ import annotations
@@ -96,3 +97,30 @@ def test_a_checkpoint_before_the_freeze_is_refused(tiny_data: Path, tmp_path: Pa
     config = yaml.safe_load((run / "config.yaml").read_text())
     with pytest.raises(CheckpointError, match="before the freeze"):
         lamb_state.lamb_checkpoint(run / "checkpoints" / "step-00000004", config, tmp_path / "out")
+
+
+FREEZE = 12  # the demo recipe's freeze_step
+END = FREEZE + 6
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in read_metrics(run) if "loss" in m}
+
+
+def test_lamb_from_the_freeze_is_lambs_own_run(tiny_data: Path, tmp_path: Path):
+    """1-bit LAMB's warmup is LAMB's rule: converted at the freeze step and continued by LAMB, it is LAMB's
+    own run from step 0 to rounding."""
+    common = ("sim_world_size=2", "checkpoint.export_hf=true", f"checkpoint.every_steps={FREEZE}")
+    source_run, converted_run, lamb_run = tmp_path / "onebit", tmp_path / "converted", tmp_path / "lamb"
+    train(tiny_run_overrides(tiny_data, source_run, "onebit_lamb", *common, f"max_steps={FREEZE}"))
+    source = source_run / "checkpoints" / f"step-{FREEZE:08d}"
+    target = converted_run / "checkpoints" / source.name
+    assert lamb_state.main([str(source), str(source_run / "config.yaml"), str(target)]) == 0
+    train(tiny_run_overrides(tiny_data, converted_run, "lamb", *common, f"max_steps={END}"))
+    train(tiny_run_overrides(tiny_data, lamb_run, "lamb", "sim_world_size=2", f"max_steps={END}"))
+    lamb, warmup, converted = losses(lamb_run), losses(source_run), losses(converted_run)
+    assert sorted(converted) == list(range(FREEZE + 1, END + 1))
+    for step in range(1, FREEZE + 1):
+        assert warmup[step] == pytest.approx(lamb[step], rel=1e-5)
+    for step in converted:  # a v off by LAMB's bias correction (1 - 0.999^12) moves step 13 by 7e-4
+        assert converted[step] == pytest.approx(lamb[step], rel=1e-5)
