@@ -10,18 +10,19 @@
 #        results/cpu-study-m/screen.sh fp32w-800 800 1400 fp32_worker
 #
 # The base is results/runs/screen-base-onebit_lamb-sim32-s1 (`cpu-rung-m-onebit_lamb-lr1e-2-sim32-s1` to STEP:
-# the rung driver's command, so its logged losses are the kept run's bit for bit, as is the default's screen
-# from its checkpoint); a screen writes results/runs/screen-NAME/ (metrics.jsonl; the checkpoint it starts from
-# is a hard link, removed at the end). PATCH (results/cpu-study-m/ablations/): fp32_server, fp32_worker,
-# two_bit_worker, worker_decay (RUNG_DECAY sets its γ), exact_mean, exact_live_variance or exact_until
-# (exact_mean through step RUNG_EXACT_UNTIL, the default's exchange after it); lamb: LAMB's rule
-# from the default's state (the checkpoint converted by lamb_state.py, the screen run with optim=lamb); none:
-# the default. SCREEN_ARGS: more Hydra overrides for a screen (word-split), e.g.
-# SCREEN_ARGS=optim.variance_refresh=0. Measured on 2 otherwise idle cores: the base to step 800 in 1,230 s
-# (1.5 s per step), a screen alone at ~1.6 s per step; two 600-step screens at once in ~38 min (3.8 s per step
-# each: one at a time is faster). Two runs of 2 processes at 32 simulated workers take 8-14 GiB, so no more
-# than two at once on this machine's 24 GiB. The whole script is one function, read before it runs: editing
-# this file does not break a screen that is running.
+# the rung driver's command, so on the machines the study ran on its logged losses are the kept run's bit for
+# bit, as is the default's screen from its checkpoint; on another machine's floats they are a sibling run's,
+# and its screens pair with each other, not with screens from the study's base); a screen writes
+# results/runs/screen-NAME/ (metrics.jsonl; the checkpoint it starts from is a hard link, removed at the end).
+# PATCH (results/cpu-study-m/ablations/): fp32_server, fp32_worker, two_bit_worker, worker_decay (RUNG_DECAY
+# sets its γ), exact_mean, exact_live_variance or exact_until (exact_mean through step RUNG_EXACT_UNTIL, the
+# default's exchange after it); lamb: LAMB's rule from the default's state (the checkpoint converted by
+# lamb_state.py, the screen run with optim=lamb); none: the default. SCREEN_ARGS: more Hydra overrides for a
+# screen (word-split), e.g. SCREEN_ARGS=optim.variance_refresh=0. Measured on 2 otherwise idle cores: the base
+# to step 800 in 1,230 s (1.5 s per step), a screen alone at ~1.3-1.6 s per step; two 600-step screens at once
+# in ~38 min (3.8 s per step each: one at a time is faster). Two runs of 2 processes at 32 simulated workers
+# take 8-14 GiB, so no more than two at once on this machine's 24 GiB. The whole script is one function, read
+# before it runs: editing this file does not break a screen that is running.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BASE=screen-base-onebit_lamb-sim32-s1
