@@ -27,10 +27,10 @@ def train_patched(
     """Train into `run` with the patch `ablation` (None: the default) and `environment` set; `extra`: more
     overrides."""
     with monkeypatch.context() as env:
+        for name, value in environment.items():
+            env.setenv(name, value)
         if ablation is not None:
             env.setenv("RUNG_ABLATION", ablation)
-            for name, value in environment.items():
-                env.setenv(name, value)
             env.setenv(
                 "PYTHONPATH", os.pathsep.join([str(ABLATIONS), str(REPO), os.environ.get("PYTHONPATH", "")])
             )
