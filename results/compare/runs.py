@@ -15,7 +15,7 @@ import gzip
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -391,18 +391,25 @@ def _relative(path: Path, root: Path) -> str:
 # -- fine-tune results -----------------------------------------------------------------------------------
 def load_finetune_results(folder: Path, notes: list[str] | None = None) -> list[FinetuneResult]:
     """Every `<folder>/finetune/**/all_results.json` (old layout `<task>/`, new `<checkpoint>/<task>/`).
-    Two files for one (task, checkpoint samples): the newer file wins; when their recipes differ (another LR,
-    epochs, length or batch), a line saying which one is reported goes to `notes`, since the report would
-    otherwise mix recipes without a word."""
+    Several files for one (task, checkpoint samples): the newest file's recipe (LR, epochs, length, batch)
+    is reported, with the fine-tune seeds of every file of that recipe (one file per seed, as the rungs'
+    fine-tunes write them; a seed in two files: the newer file's score). When other files used another
+    recipe, a line saying which one is reported goes to `notes`, since the report would otherwise mix
+    recipes without a word."""
     found: dict[tuple[str, int | None], list[tuple[float, FinetuneResult]]] = {}
     for path in sorted((folder / "finetune").rglob("all_results.json")):
         result = read_finetune_result(path)
         found.setdefault((result.task, result.samples_seen), []).append((path.stat().st_mtime, result))
     chosen = []
     for candidates in found.values():
-        # the newest; on equal times the last in path order (as before)
-        newest = max(range(len(candidates)), key=lambda i: (candidates[i][0], i))
-        result = candidates[newest][1]
+        # oldest to newest; on equal times in path order (the last is the newest, as before)
+        order = sorted(range(len(candidates)), key=lambda i: (candidates[i][0], i))
+        result = candidates[order[-1]][1]
+        scores: dict[str, float] = {}
+        for i in order:
+            if candidates[i][1].recipe == result.recipe:
+                scores.update(candidates[i][1].scores)
+        result = replace(result, scores=scores)
         chosen.append(result)
         others = [other for _, other in candidates if other.recipe != result.recipe]
         if others and notes is not None:

@@ -541,6 +541,31 @@ def test_the_loss_figure_keeps_its_scale_when_a_run_diverges(tmp_path: Path):
     assert any("2 seeds; 1 diverged, dotted" in label for label in labels)
 
 
+def test_one_file_per_fine_tune_seed_reports_every_seed_of_the_newest_recipe(tmp_path: Path):
+    """The rungs write one all_results.json per fine-tune seed of a checkpoint: all of that recipe's seeds
+    are reported (not one file's, chosen by time stamps a clone does not keep); a seed in two files takes the
+    newer file's score, and a file of another recipe stays out and is named."""
+    finetunes = {f"final/sst2-len32-s{seed}": (240, {str(seed): 0.70 + seed / 100}) for seed in (1, 2, 3)}
+    folder = write_run(tmp_path, "syn-lamb-s1", "lamb", 1, LAMB_1, finetunes=finetunes)
+    files = sorted((folder / "finetune").rglob("all_results.json"))
+    for when, path in zip((3_000_000, 1_000_000, 2_000_000), files, strict=True):
+        os.utime(path, (when, when))
+    (run,) = load_local_runs([str(folder)])
+    (result,) = run.finetunes
+    assert result.scores == {"1": 0.71, "2": 0.72, "3": 0.73} and run.finetune_notes == []
+    rerun = folder / "finetune" / "again" / "mrpc"
+    rerun.mkdir(parents=True)
+    payload = json.loads(files[1].read_text())
+    payload["per_seed"] = {"2": {key: 0.90 for key in payload["per_seed"]["2"]}}
+    (rerun / "all_results.json").write_text(json.dumps(payload))  # seed 2 again, newest
+    (run,) = load_local_runs([str(folder)])
+    assert run.finetunes[0].scores == {"1": 0.71, "2": 0.90, "3": 0.73}
+    payload["config"] = {"task": {"name": "mrpc", "lr": 1e-3}}  # the newest file now another recipe
+    (rerun / "all_results.json").write_text(json.dumps(payload))
+    (run,) = load_local_runs([str(folder)])
+    assert run.finetunes[0].scores == {"2": 0.90} and len(run.finetune_notes) == 1
+
+
 def test_one_checkpoint_fine_tuned_with_two_recipes_is_named_in_the_report(tmp_path: Path):
     """The newer fine-tune of a (task, checkpoint) is reported; when the two used different recipes (here the
     LR), the report says which file it took instead of silently mixing recipes across runs."""
