@@ -375,7 +375,11 @@ for RUNG in $RUNGS; do
       fi
       (cd "$run_dir" && find finetune -name all_results.json -exec cp --parents {} "../../../$keep/" \;) || true
     done
-    if [[ -f $TIMES ]]; then grep "^cpu-rung-$RUNG-" "$TIMES" > "$FOLDER/run-times.tsv" || true; fi
+    if [[ -f $TIMES ]]; then  # this machine's rows added to the kept ones (earlier machines' stay)
+      touch "$FOLDER/run-times.tsv"
+      added=$(grep "^cpu-rung-$RUNG-" "$TIMES" | grep -vxFf "$FOLDER/run-times.tsv" || true)
+      [[ -z $added ]] || printf '%s\n' "$added" >> "$FOLDER/run-times.tsv"
+    fi
     # the comparison of each arm at its LR (LAMB's best for the 1-bit arms; the sweeps' other LRs left out:
     # the comparison groups runs by optimizer options, and the LR is a batch option)
     runs=$(find results/cpu-study/runs -maxdepth 1 \( -name "cpu-rung-$RUNG-lamb-lr$LAMB_LR-*" \

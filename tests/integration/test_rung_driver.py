@@ -298,3 +298,37 @@ def test_the_report_keeps_the_first_run_of_a_run_again(tmp_path: Path):
     assert compare.startswith("-m results.compare study=cpu-study-m runs=[")  # the kept runs at their LRs
     assert f"results/cpu-study/runs/{folder.name}" in compare
     assert records == "-m bench fidelity"
+
+
+def test_the_report_adds_this_machines_run_times_to_the_kept_ones(tmp_path: Path):
+    """The report stage keeps the rung's rows of the machines before (results/runs does not outlive a
+    machine) and adds this machine's once each, so that running it twice or on a new machine loses none."""
+    runs = write_sweeps(tmp_path)
+    python = (
+        tmp_path / ".venv" / "bin" / "python"
+    )  # the driver's python: the real one, the report's tools faked
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$*" in "-m bench fidelity"*|"-m results.compare"*) echo "$*" >> tools.log; exit 0 ;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    earlier = "cpu-rung-m-lamb-lr1e-2-n2-s1\t2256\t4140\t0.43\t1.94"
+    kept = tmp_path / "results" / "cpu-study-m" / "run-times.tsv"
+    kept.parent.mkdir(parents=True)
+    kept.write_text(earlier + "\n")
+    here = [
+        "cpu-rung-m-lamb-lr3e-2-n2-s1\t2273\t4221\t0.00\t1.98\t0",
+        "cpu-rung-b-lamb-lr1e-2-n2-s1\t1\t1\t0\t0\t0",
+    ]
+    (runs / "cpu-rung-times.tsv").write_text(f"{here[0]}\n{here[1]}\n")  # a new machine's
+    script = install_driver(tmp_path)
+    env = {**os.environ, "RUNGS": "m", "STAGES": "report", "NICE": "0"}
+    for _ in range(2):
+        done = subprocess.run(
+            ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        assert kept.read_text().splitlines() == [earlier, here[0]]
+    assert "-m bench fidelity" in (tmp_path / "tools.log").read_text()
