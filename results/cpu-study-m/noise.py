@@ -1,0 +1,130 @@
+"""How noisy the rung's final MLM loss is, and what pairing by seed removes.
+
+A run's final MLM loss (the records' measure) is the mean of its last 10 logged records, each one step's
+loss on that step's batch. The seed sets the batches, so records of runs with one seed rise and fall together
+whatever the arm or worker count, and records of different seeds do not (the correlations printed first).
+Three figures follow from the kept runs:
+
+- the final's batch noise: the spread of its 10 records over sqrt(10), shared by every run with the seed;
+- the spread of siblings: runs of one rule with one seed that differ in arithmetic only (LAMB at 2
+  processes, 8 and 32 simulated workers, LAMB run again at 32 on another machine, and sibling.sh's runs at
+  32 with the attention's sums in another order), over the last 400 steps (80 records) and at the final;
+- the default's cost paired by seed with LAMB at its own worker count, on the same two measures.
+
+    .venv/bin/python results/cpu-study-m/noise.py   # reads results/cpu-study/runs/cpu-rung-m-*
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from bench.fidelity_rungs import FINAL_WINDOW  # logged records: the rung's final MLM loss
+
+_spec = importlib.util.spec_from_file_location("steps_behind", Path(__file__).with_name("steps_behind.py"))
+assert _spec and _spec.loader
+steps_behind = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(steps_behind)
+
+RUNS = steps_behind.RUNS
+SCREENS = Path(__file__).with_name("screens")
+AGAIN = SCREENS / "lamb-again"  # LAMB at 32 simulated, seed 1, run again on another machine
+SIBLINGS = "sibling-lamb-eager-s*"  # sibling.sh's runs of LAMB at 32 simulated, kept in SCREENS
+LAST = 400  # steps: the window before the end
+SEEDS = (1, 2, 3)
+LAMB = {"n2": "lamb-lr1e-2-n2", "sim8": "abl-lamb-lr1e-2-sim8", "sim32": "abl-lamb-lr1e-2-sim32"}
+DEFAULT = {workers: f"onebit_lamb-lr1e-2-{workers}" for workers in LAMB}
+
+
+def run_folder(arm: str, seed: int) -> Path:
+    return RUNS / f"cpu-rung-m-{arm}-s{seed}"
+
+
+def final(records: dict[int, float]) -> tuple[float, float]:
+    """The final MLM loss (the mean of the last FINAL_WINDOW records) and its batch noise (their standard
+    deviation over sqrt(FINAL_WINDOW))."""
+    last = [records[step] for step in sorted(records)[-FINAL_WINDOW:]]
+    return statistics.fmean(last), statistics.stdev(last) / len(last) ** 0.5
+
+
+def last_mean(records: dict[int, float], steps: int = LAST) -> float:
+    """The mean record over the last `steps` steps."""
+    end = max(records)
+    return statistics.fmean(loss for step, loss in records.items() if step > end - steps)
+
+
+def correlation(a: dict[int, float], b: dict[int, float], steps: int = LAST) -> float:
+    """The correlation of two runs' records over the last `steps` steps both logged."""
+    common = sorted(set(a) & set(b))
+    common = [step for step in common if step > common[-1] - steps]
+    return float(np.corrcoef([a[s] for s in common], [b[s] for s in common])[0, 1])
+
+
+def relative(arm: dict[int, float], peer: dict[int, float]) -> tuple[float, float]:
+    """The arm's last-LAST-steps mean and final over the peer's, minus 1."""
+    return last_mean(arm) / last_mean(peer) - 1, final(arm)[0] / final(peer)[0] - 1
+
+
+def mean_se(values: Sequence[float]) -> str:
+    mean = statistics.fmean(values)
+    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+    return f"{100 * mean:+.2f} % ± {100 * se:.2f}"
+
+
+def main() -> None:
+    lamb = {(w, s): steps_behind.mlm_records(run_folder(arm, s)) for w, arm in LAMB.items() for s in SEEDS}
+    default = {(w, s): steps_behind.mlm_records(run_folder(a, s)) for w, a in DEFAULT.items() for s in SEEDS}
+    again = steps_behind.mlm_records(AGAIN)
+    runs = {**{("lamb", *k): v for k, v in lamb.items()}, **{("default", *k): v for k, v in default.items()}}
+    same: list[float] = []
+    other: list[float] = []
+    keys = sorted(runs)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1 :]:
+            (same if a[2] == b[2] else other).append(correlation(runs[a], runs[b]))
+    print(
+        f"two runs' records over the last {LAST} steps, correlated (LAMB and the default, 3 worker counts):"
+    )
+    print(f"  same seed   {min(same):.2f}-{max(same):.2f} ({len(same)} pairs)")
+    print(f"  other seeds {min(other):.2f}-{max(other):.2f} ({len(other)} pairs)\n")
+
+    print(f"| run | seed | final | its batch noise | mean over the last {LAST} steps |")
+    print("|---|---|---|---|---|")
+    for (optimizer, workers, seed), records in sorted(runs.items()):
+        value, noise = final(records)
+        print(f"| {optimizer} {workers} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
+    value, noise = final(again)
+    print(f"| lamb sim32, run again | 1 | {value:.4f} | {noise:.4f} | {last_mean(again):.4f} |")
+    for folder in sorted(SCREENS.glob(SIBLINGS)):
+        records = steps_behind.mlm_records(folder)
+        value, noise = final(records)
+        seed_tag = folder.name.rsplit("-s", 1)[1]
+        print(f"| {folder.name} | {seed_tag} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
+    print()
+
+    print(
+        f"| pair, one seed | last {LAST} steps, by seed | final, by seed | mean ± SE: last {LAST} | final |"
+    )
+    print("|---|---|---|---|---|")
+    pairs = [(f"LAMB {a} / LAMB n2", [(lamb[a, s], lamb["n2", s]) for s in SEEDS]) for a in ("sim8", "sim32")]
+    pairs.append(("LAMB sim32 run again / LAMB sim32", [(again, lamb["sim32", 1])]))
+    for folder in sorted(SCREENS.glob(SIBLINGS)):  # a seed's sibling: its LAMB run there, attention eager
+        seed = int(folder.name.rsplit("-s", 1)[1])
+        pairs.append(
+            (f"{folder.name} / LAMB sim32", [(steps_behind.mlm_records(folder), lamb["sim32", seed])])
+        )
+    pairs += [(f"default {w} / LAMB {w}", [(default[w, s], lamb[w, s]) for s in SEEDS]) for w in LAMB]
+    for name, seeded in pairs:
+        rel = [relative(arm, peer) for arm, peer in seeded]
+        windows = ", ".join(f"{100 * r[0]:+.2f}" for r in rel)
+        finals = ", ".join(f"{100 * r[1]:+.2f}" for r in rel)
+        means = f"{mean_se([r[0] for r in rel])} | {mean_se([r[1] for r in rel])}" if len(rel) > 1 else " | "
+        print(f"| {name} | {windows} % | {finals} % | {means} |")
+
+
+if __name__ == "__main__":
+    main()
