@@ -79,6 +79,10 @@ def main() -> None:
     lamb = {(w, s): steps_behind.mlm_records(run_folder(arm, s)) for w, arm in LAMB.items() for s in SEEDS}
     default = {(w, s): steps_behind.mlm_records(run_folder(a, s)) for w, a in DEFAULT.items() for s in SEEDS}
     again = steps_behind.mlm_records(AGAIN)
+    siblings = {  # folder name -> (seed, records)
+        folder.name: (int(folder.name.rsplit("-s", 1)[1]), steps_behind.mlm_records(folder))
+        for folder in sorted(SCREENS.glob(SIBLINGS))
+    }
     runs = {**{("lamb", *k): v for k, v in lamb.items()}, **{("default", *k): v for k, v in default.items()}}
     same: list[float] = []
     other: list[float] = []
@@ -99,11 +103,9 @@ def main() -> None:
         print(f"| {optimizer} {workers} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
     value, noise = final(again)
     print(f"| lamb sim32, run again | 1 | {value:.4f} | {noise:.4f} | {last_mean(again):.4f} |")
-    for folder in sorted(SCREENS.glob(SIBLINGS)):
-        records = steps_behind.mlm_records(folder)
+    for name, (seed, records) in siblings.items():
         value, noise = final(records)
-        seed_tag = folder.name.rsplit("-s", 1)[1]
-        print(f"| {folder.name} | {seed_tag} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
+        print(f"| {name} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
     print()
 
     print(
@@ -112,11 +114,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     pairs = [(f"LAMB {a} / LAMB n2", [(lamb[a, s], lamb["n2", s]) for s in SEEDS]) for a in ("sim8", "sim32")]
     pairs.append(("LAMB sim32 run again / LAMB sim32", [(again, lamb["sim32", 1])]))
-    for folder in sorted(SCREENS.glob(SIBLINGS)):  # a seed's sibling: its LAMB run there, attention eager
-        seed = int(folder.name.rsplit("-s", 1)[1])
-        pairs.append(
-            (f"{folder.name} / LAMB sim32", [(steps_behind.mlm_records(folder), lamb["sim32", seed])])
-        )
+    for name, (seed, records) in siblings.items():  # a seed's sibling: its LAMB run there, attention eager
+        pairs.append((f"{name} / LAMB sim32", [(records, lamb["sim32", seed])]))
     pairs += [(f"default {w} / LAMB {w}", [(default[w, s], lamb[w, s]) for s in SEEDS]) for w in LAMB]
     for name, seeded in pairs:
         rel = [relative(arm, peer) for arm, peer in seeded]
