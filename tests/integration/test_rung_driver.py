@@ -304,9 +304,8 @@ def test_the_report_adds_this_machines_run_times_to_the_kept_ones(tmp_path: Path
     """The report stage keeps the rung's rows of the machines before (results/runs does not outlive a
     machine) and adds this machine's once each, so that running it twice or on a new machine loses none."""
     runs = write_sweeps(tmp_path)
-    python = (
-        tmp_path / ".venv" / "bin" / "python"
-    )  # the driver's python: the real one, the report's tools faked
+    # the driver's python: the real one, the report's tools faked
+    python = tmp_path / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(
         "#!/usr/bin/env bash\n"
