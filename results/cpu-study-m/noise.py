@@ -7,9 +7,11 @@ Three figures follow from the kept runs:
 
 - the final's batch noise: the spread of its 10 records over sqrt(10), shared by every run with the seed;
 - the spread of siblings: runs of one rule with one seed that differ in arithmetic only (LAMB at 2
-  processes, 8 and 32 simulated workers, LAMB run again at 32 on another machine, and sibling.sh's runs at
-  32 with the attention's sums in another order), over the last 400 steps (80 records) and at the final;
-- the default's cost paired by seed with LAMB at its own worker count, on the same two measures.
+  processes, 8 and 32 simulated workers, LAMB run again at 32 on another machine, and sibling.sh's runs of
+  LAMB or the default at 32 with the attention's sums in another order), over the last 400 steps (80
+  records) and at the final;
+- the default's cost paired by seed with LAMB at its own worker count, on the same two measures, and with
+  each sibling of the default in place of its run.
 
     .venv/bin/python results/cpu-study-m/noise.py   # reads results/cpu-study/runs/cpu-rung-m-*
 """
@@ -33,7 +35,7 @@ _spec.loader.exec_module(steps_behind)
 RUNS = steps_behind.RUNS
 SCREENS = Path(__file__).with_name("screens")
 AGAIN = SCREENS / "lamb-again"  # LAMB at 32 simulated, seed 1, run again on another machine
-SIBLINGS = "sibling-lamb-eager-s*"  # sibling.sh's runs of LAMB at 32 simulated, kept in SCREENS
+SIBLINGS = "sibling-*-eager-s*"  # sibling.sh's runs at 32 simulated (lamb or onebit_lamb), kept in SCREENS
 LAST = 400  # steps: the window before the end
 SEEDS = (1, 2, 3)
 LAMB = {"n2": "lamb-lr1e-2-n2", "sim8": "abl-lamb-lr1e-2-sim8", "sim32": "abl-lamb-lr1e-2-sim32"}
@@ -69,6 +71,12 @@ def relative(arm: dict[int, float], peer: dict[int, float]) -> tuple[float, floa
     return last_mean(arm) / last_mean(peer) - 1, final(arm)[0] / final(peer)[0] - 1
 
 
+def sibling_of(name: str) -> tuple[str, int]:
+    """A sibling folder's rule (`lamb` or `default`) and seed: sibling-OPTIM-eager-sSEED."""
+    optim, seed = name.removeprefix("sibling-").rsplit("-eager-s", 1)
+    return ("default" if optim == "onebit_lamb" else optim), int(seed)
+
+
 def mean_se(values: Sequence[float]) -> str:
     mean = statistics.fmean(values)
     se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
@@ -79,8 +87,8 @@ def main() -> None:
     lamb = {(w, s): steps_behind.mlm_records(run_folder(arm, s)) for w, arm in LAMB.items() for s in SEEDS}
     default = {(w, s): steps_behind.mlm_records(run_folder(a, s)) for w, a in DEFAULT.items() for s in SEEDS}
     again = steps_behind.mlm_records(AGAIN)
-    siblings = {  # folder name -> (seed, records)
-        folder.name: (int(folder.name.rsplit("-s", 1)[1]), steps_behind.mlm_records(folder))
+    siblings = {  # folder name -> (rule, seed, records)
+        folder.name: (*sibling_of(folder.name), steps_behind.mlm_records(folder))
         for folder in sorted(SCREENS.glob(SIBLINGS))
     }
     runs = {**{("lamb", *k): v for k, v in lamb.items()}, **{("default", *k): v for k, v in default.items()}}
@@ -103,7 +111,7 @@ def main() -> None:
         print(f"| {optimizer} {workers} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
     value, noise = final(again)
     print(f"| lamb sim32, run again | 1 | {value:.4f} | {noise:.4f} | {last_mean(again):.4f} |")
-    for name, (seed, records) in siblings.items():
+    for name, (_, seed, records) in siblings.items():
         value, noise = final(records)
         print(f"| {name} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
     print()
@@ -114,15 +122,35 @@ def main() -> None:
     print("|---|---|---|---|---|")
     pairs = [(f"LAMB {a} / LAMB n2", [(lamb[a, s], lamb["n2", s]) for s in SEEDS]) for a in ("sim8", "sim32")]
     pairs.append(("LAMB sim32 run again / LAMB sim32", [(again, lamb["sim32", 1])]))
-    for name, (seed, records) in siblings.items():  # a seed's sibling: its LAMB run there, attention eager
-        pairs.append((f"{name} / LAMB sim32", [(records, lamb["sim32", seed])]))
+    for name, (rule, seed, records) in siblings.items():  # a seed's sibling: its run there, attention eager
+        run = lamb if rule == "lamb" else default
+        pairs.append((f"{name} / {rule} sim32", [(records, run["sim32", seed])]))
     pairs += [(f"default {w} / LAMB {w}", [(default[w, s], lamb[w, s]) for s in SEEDS]) for w in LAMB]
+
     for name, seeded in pairs:
         rel = [relative(arm, peer) for arm, peer in seeded]
         windows = ", ".join(f"{100 * r[0]:+.2f}" for r in rel)
         finals = ", ".join(f"{100 * r[1]:+.2f}" for r in rel)
         means = f"{mean_se([r[0] for r in rel])} | {mean_se([r[1] for r in rel])}" if len(rel) > 1 else " | "
         print(f"| {name} | {windows} % | {finals} % | {means} |")
+    print()
+
+    realizations = {  # (rule, seed) -> {name: records}: each run at 32 simulated workers and its siblings
+        (rule, seed): {f"{rule} sim32": (lamb if rule == "lamb" else default)["sim32", seed]}
+        for rule in ("lamb", "default")
+        for seed in SEEDS
+    }
+    realizations["lamb", 1]["lamb sim32 run again"] = again
+    for name, (rule, seed, records) in siblings.items():
+        realizations[rule, seed][name] = records
+    print("the default's cost at 32 simulated workers, every realization of each rule paired by seed:\n")
+    print(f"| seed | the default | LAMB | last {LAST} steps | final |")
+    print("|---|---|---|---|---|")
+    for seed in SEEDS:
+        for arm, arm_records in realizations["default", seed].items():
+            for peer, peer_records in realizations["lamb", seed].items():
+                window, last = relative(arm_records, peer_records)
+                print(f"| {seed} | {arm} | {peer} | {100 * window:+.2f} % | {100 * last:+.2f} % |")
 
 
 if __name__ == "__main__":

@@ -43,3 +43,8 @@ def test_a_pair_is_the_arms_window_and_final_over_the_peers():
     window, final = noise.relative(arm, peer)
     assert math.isclose(window, (70 * 4.04 + 10 * 4.4) / 80 / 4.0 - 1)
     assert math.isclose(final, 0.1)
+
+
+def test_a_sibling_folder_names_its_rule_and_seed():
+    assert noise.sibling_of("sibling-lamb-eager-s2") == ("lamb", 2)
+    assert noise.sibling_of("sibling-onebit_lamb-eager-s1") == ("default", 1)
