@@ -3,15 +3,18 @@
 A run's final MLM loss (the records' measure) is the mean of its last 10 logged records, each one step's
 loss on that step's batch. The seed sets the batches, so records of runs with one seed rise and fall together
 whatever the arm or worker count, and records of different seeds do not (the correlations printed first).
-Three figures follow from the kept runs:
+These follow from the kept runs:
 
 - the final's batch noise: the spread of its 10 records over sqrt(10), shared by every run with the seed;
 - the spread of siblings: runs of one rule with one seed that differ in arithmetic only (LAMB at 2
   processes, 8 and 32 simulated workers, LAMB run again at 32 on another machine, and sibling.sh's runs of
   LAMB or the default at 32 with the attention's sums in another order), over the last 400 steps (80
   records) and at the final;
-- the default's cost paired by seed with LAMB at its own worker count, on the same two measures, and with
-  each sibling of the default in place of its run.
+- the default's cost paired by seed with LAMB at its own worker count, on the same two measures;
+- one run's realization spread at 32 simulated workers from the sibling pairs there, the standard error it
+  puts on the default's three pairs, and the chance that three pairs with that noise agree as closely as
+  they do;
+- the default's cost with each sibling in place of its run.
 
     .venv/bin/python results/cpu-study-m/noise.py   # reads results/cpu-study/runs/cpu-rung-m-*
 """
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from bench.fidelity_rungs import FINAL_WINDOW  # logged records: the rung's final MLM loss
 
@@ -75,6 +79,19 @@ def sibling_of(name: str) -> tuple[str, int]:
     """A sibling folder's rule (`lamb` or `default`) and seed: sibling-OPTIM-eager-sSEED."""
     optim, seed = name.removeprefix("sibling-").rsplit("-eager-s", 1)
     return ("default" if optim == "onebit_lamb" else optim), int(seed)
+
+
+def realization_spread(differences: Sequence[float]) -> float:
+    """One run's spread from pairs of realizations (each pair's difference carries two runs' noise): the
+    pairs' root mean square over sqrt(2)."""
+    return float(np.sqrt(np.mean(np.square(differences)) / 2))
+
+
+def spread_chance(values: Sequence[float], pair_spread: float) -> float:
+    """The chance that pairs whose every value carries `pair_spread` of noise agree at least as closely as
+    `values` do: the chi-square distribution's cdf at (n - 1) s^2 / sigma^2."""
+    dof = len(values) - 1
+    return float(stats.chi2.cdf(dof * statistics.variance(values) / pair_spread**2, dof))
 
 
 def mean_se(values: Sequence[float]) -> str:
@@ -143,6 +160,29 @@ def main() -> None:
     realizations["lamb", 1]["lamb sim32 run again"] = again
     for name, (rule, seed, records) in siblings.items():
         realizations[rule, seed][name] = records
+    sims = [relative(again, lamb["sim32", 1])]
+    sims += [
+        relative(records, (lamb if rule == "lamb" else default)["sim32", seed])
+        for rule, seed, records in siblings.values()
+    ]
+    cost = [relative(default["sim32", s], lamb["sim32", s]) for s in SEEDS]
+    print(
+        f"one run's realization spread at 32 simulated workers, from {len(sims)} sibling pairs, and what it"
+    )
+    print("makes of the default's three seed-matched pairs there:\n")
+    print("| measure | one run | one pair | the pairs' mean ± SE on it | chance of the pairs' agreement |")
+    print("|---|---|---|---|---|")
+    for index, measure in enumerate((f"last {LAST} steps", "final")):
+        one_run = realization_spread([pair[index] for pair in sims])
+        values = [pair[index] for pair in cost]
+        pair = one_run * 2**0.5
+        print(
+            f"| {measure} | {100 * one_run:.2f} % | {100 * pair:.2f} % |"
+            f" {100 * statistics.fmean(values):+.2f} % ± {100 * pair / len(values) ** 0.5:.2f} |"
+            f" {spread_chance(values, pair):.2f} |"
+        )
+    print()
+
     print("the default's cost at 32 simulated workers, every realization of each rule paired by seed:\n")
     print(f"| seed | the default | LAMB | last {LAST} steps | final |")
     print("|---|---|---|---|---|")

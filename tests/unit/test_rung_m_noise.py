@@ -48,3 +48,19 @@ def test_a_pair_is_the_arms_window_and_final_over_the_peers():
 def test_a_sibling_folder_names_its_rule_and_seed():
     assert noise.sibling_of("sibling-lamb-eager-s2") == ("lamb", 2)
     assert noise.sibling_of("sibling-onebit_lamb-eager-s1") == ("default", 1)
+
+
+def test_one_runs_spread_is_its_sibling_pairs_root_mean_square_over_root_two():
+    # two pairs of realizations, each pair's difference the sum of two runs' independent noise
+    assert math.isclose(noise.realization_spread([0.02, -0.02]), 0.02 / math.sqrt(2))
+    assert math.isclose(noise.realization_spread([0.03, 0.0, 0.04]), math.sqrt((9 + 16) / 3 / 2) / 100)
+
+
+def test_the_chance_of_pairs_agreeing_is_the_chi_square_of_their_spread_on_the_noise():
+    values = [0.0097, 0.0173, 0.0168]
+    sigma = 0.0082
+    # two degrees of freedom: cdf(x) = 1 - exp(-x / 2) at x = 2 s^2 / sigma^2
+    expected = 1 - math.exp(-statistics.variance(values) / sigma**2)
+    assert math.isclose(noise.spread_chance(values, sigma), expected)
+    assert noise.spread_chance([0.01, 0.01, 0.01], sigma) == 0.0  # pairs that agree exactly
+    assert noise.spread_chance([0.0, 0.05, -0.05], sigma) > 0.99  # pairs far wider than the noise
