@@ -137,19 +137,39 @@ def main() -> None:
         f"| pair, one seed | last {LAST} steps, by seed | final, by seed | mean ± SE: last {LAST} | final |"
     )
     print("|---|---|---|---|---|")
-    pairs = [(f"LAMB {a} / LAMB n2", [(lamb[a, s], lamb["n2", s]) for s in SEEDS]) for a in ("sim8", "sim32")]
-    pairs.append(("LAMB sim32 run again / LAMB sim32", [(again, lamb["sim32", 1])]))
+    sibling_pairs = [("LAMB sim32 run again / LAMB sim32", relative(again, lamb["sim32", 1]))]
     for name, (rule, seed, records) in siblings.items():  # a seed's sibling: its run there, attention eager
         run = lamb if rule == "lamb" else default
-        pairs.append((f"{name} / {rule} sim32", [(records, run["sim32", seed])]))
-    pairs += [(f"default {w} / LAMB {w}", [(default[w, s], lamb[w, s]) for s in SEEDS]) for w in LAMB]
+        sibling_pairs.append((f"{name} / {rule} sim32", relative(records, run["sim32", seed])))
+    pairs = [
+        (f"LAMB {w} / LAMB n2", [relative(lamb[w, s], lamb["n2", s]) for s in SEEDS])
+        for w in ("sim8", "sim32")
+    ]
+    pairs += [(name, [rel]) for name, rel in sibling_pairs]
+    costs = {w: [relative(default[w, s], lamb[w, s]) for s in SEEDS] for w in LAMB}
+    pairs += [(f"default {w} / LAMB {w}", rel) for w, rel in costs.items()]
 
-    for name, seeded in pairs:
-        rel = [relative(arm, peer) for arm, peer in seeded]
+    for name, rel in pairs:
         windows = ", ".join(f"{100 * r[0]:+.2f}" for r in rel)
         finals = ", ".join(f"{100 * r[1]:+.2f}" for r in rel)
         means = f"{mean_se([r[0] for r in rel])} | {mean_se([r[1] for r in rel])}" if len(rel) > 1 else " | "
         print(f"| {name} | {windows} % | {finals} % | {means} |")
+    print()
+
+    sims = len(sibling_pairs)
+    print(f"one run's realization spread at 32 simulated workers, from {sims} sibling pairs, and what it")
+    print("makes of the default's three seed-matched pairs there:\n")
+    print("| measure | one run | one pair | the pairs' mean ± SE on it | chance of the pairs' agreement |")
+    print("|---|---|---|---|---|")
+    for index, measure in enumerate((f"last {LAST} steps", "final")):
+        one_run = realization_spread([rel[index] for _, rel in sibling_pairs])
+        values = [rel[index] for rel in costs["sim32"]]
+        pair = one_run * 2**0.5
+        print(
+            f"| {measure} | {100 * one_run:.2f} % | {100 * pair:.2f} % |"
+            f" {100 * statistics.fmean(values):+.2f} % ± {100 * pair / len(values) ** 0.5:.2f} |"
+            f" {spread_chance(values, pair):.2f} |"
+        )
     print()
 
     realizations = {  # (rule, seed) -> {name: records}: each run at 32 simulated workers and its siblings
@@ -160,29 +180,6 @@ def main() -> None:
     realizations["lamb", 1]["lamb sim32 run again"] = again
     for name, (rule, seed, records) in siblings.items():
         realizations[rule, seed][name] = records
-    sims = [relative(again, lamb["sim32", 1])]
-    sims += [
-        relative(records, (lamb if rule == "lamb" else default)["sim32", seed])
-        for rule, seed, records in siblings.values()
-    ]
-    cost = [relative(default["sim32", s], lamb["sim32", s]) for s in SEEDS]
-    print(
-        f"one run's realization spread at 32 simulated workers, from {len(sims)} sibling pairs, and what it"
-    )
-    print("makes of the default's three seed-matched pairs there:\n")
-    print("| measure | one run | one pair | the pairs' mean ± SE on it | chance of the pairs' agreement |")
-    print("|---|---|---|---|---|")
-    for index, measure in enumerate((f"last {LAST} steps", "final")):
-        one_run = realization_spread([pair[index] for pair in sims])
-        values = [pair[index] for pair in cost]
-        pair = one_run * 2**0.5
-        print(
-            f"| {measure} | {100 * one_run:.2f} % | {100 * pair:.2f} % |"
-            f" {100 * statistics.fmean(values):+.2f} % ± {100 * pair / len(values) ** 0.5:.2f} |"
-            f" {spread_chance(values, pair):.2f} |"
-        )
-    print()
-
     print("the default's cost at 32 simulated workers, every realization of each rule paired by seed:\n")
     print(f"| seed | the default | LAMB | last {LAST} steps | final |")
     print("|---|---|---|---|---|")
