@@ -7,9 +7,9 @@ These follow from the kept runs:
 
 - the final's batch noise: the spread of its 10 records over sqrt(10), shared by every run with the seed;
 - the spread of siblings: runs of one rule with one seed that differ in arithmetic only (LAMB at 2
-  processes, 8 and 32 simulated workers, LAMB run again at 32 on another machine, and sibling.sh's runs of
-  LAMB or the default at 32 with the attention's sums in another order), over the last 400 steps (80
-  records) and at the final;
+  processes, 8 and 32 simulated workers, LAMB and the default run again at 32 on another machine, and
+  sibling.sh's runs of LAMB or the default at 32 with the attention's sums in another order), over the
+  last 400 steps (80 records) and at the final;
 - the default's cost paired by seed with LAMB at its own worker count, on the same two measures;
 - one run's realization spread at 32 simulated workers from the sibling pairs there, the standard error it
   puts on the default's three pairs, and the chance that three pairs with that noise agree as closely as
@@ -38,7 +38,10 @@ _spec.loader.exec_module(steps_behind)
 
 RUNS = steps_behind.RUNS
 SCREENS = Path(__file__).with_name("screens")
-AGAIN = SCREENS / "lamb-again"  # LAMB at 32 simulated, seed 1, run again on another machine
+AGAIN = {  # runs at 32 simulated workers run again on another machine (folder in SCREENS -> rule, seed)
+    "lamb-again": ("lamb", 1),
+    "onebit_lamb-again-s1": ("default", 1),  # run again for its fine-tunes
+}
 SIBLINGS = "sibling-*-eager-s*"  # sibling.sh's runs at 32 simulated (lamb or onebit_lamb), kept in SCREENS
 LAST = 400  # steps: the window before the end
 SEEDS = (1, 2, 3)
@@ -103,7 +106,11 @@ def mean_se(values: Sequence[float]) -> str:
 def main() -> None:
     lamb = {(w, s): steps_behind.mlm_records(run_folder(arm, s)) for w, arm in LAMB.items() for s in SEEDS}
     default = {(w, s): steps_behind.mlm_records(run_folder(a, s)) for w, a in DEFAULT.items() for s in SEEDS}
-    again = steps_behind.mlm_records(AGAIN)
+    again = {  # label -> (rule, seed, records)
+        f"{rule} sim32 run again": (rule, seed, steps_behind.mlm_records(SCREENS / folder))
+        for folder, (rule, seed) in AGAIN.items()
+        if (SCREENS / folder).is_dir()
+    }
     siblings = {  # folder name -> (rule, seed, records)
         folder.name: (*sibling_of(folder.name), steps_behind.mlm_records(folder))
         for folder in sorted(SCREENS.glob(SIBLINGS))
@@ -126,8 +133,9 @@ def main() -> None:
     for (optimizer, workers, seed), records in sorted(runs.items()):
         value, noise = final(records)
         print(f"| {optimizer} {workers} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
-    value, noise = final(again)
-    print(f"| lamb sim32, run again | 1 | {value:.4f} | {noise:.4f} | {last_mean(again):.4f} |")
+    for name, (_, seed, records) in again.items():
+        value, noise = final(records)
+        print(f"| {name} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
     for name, (_, seed, records) in siblings.items():
         value, noise = final(records)
         print(f"| {name} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
@@ -137,8 +145,8 @@ def main() -> None:
         f"| pair, one seed | last {LAST} steps, by seed | final, by seed | mean ± SE: last {LAST} | final |"
     )
     print("|---|---|---|---|---|")
-    sibling_pairs = [("LAMB sim32 run again / LAMB sim32", relative(again, lamb["sim32", 1]))]
-    for name, (rule, seed, records) in siblings.items():  # a seed's sibling: its run there, attention eager
+    sibling_pairs = []  # a seed's run again, or its sibling (attention eager), over its run there
+    for name, (rule, seed, records) in {**again, **siblings}.items():
         run = lamb if rule == "lamb" else default
         sibling_pairs.append((f"{name} / {rule} sim32", relative(records, run["sim32", seed])))
     pairs = [
@@ -177,8 +185,7 @@ def main() -> None:
         for rule in ("lamb", "default")
         for seed in SEEDS
     }
-    realizations["lamb", 1]["lamb sim32 run again"] = again
-    for name, (rule, seed, records) in siblings.items():
+    for name, (rule, seed, records) in {**again, **siblings}.items():
         realizations[rule, seed][name] = records
     print("the default's cost at 32 simulated workers, every realization of each rule paired by seed:\n")
     print(f"| seed | the default | LAMB | last {LAST} steps | final |")
