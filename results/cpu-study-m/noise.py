@@ -106,15 +106,14 @@ def mean_se(values: Sequence[float]) -> str:
 def main() -> None:
     lamb = {(w, s): steps_behind.mlm_records(run_folder(arm, s)) for w, arm in LAMB.items() for s in SEEDS}
     default = {(w, s): steps_behind.mlm_records(run_folder(a, s)) for w, a in DEFAULT.items() for s in SEEDS}
-    again = {  # label -> (rule, seed, records)
+    siblings = {  # label -> (rule, seed, records): each run again, then sibling.sh's runs (by folder name)
         f"{rule} sim32 run again": (rule, seed, steps_behind.mlm_records(SCREENS / folder))
         for folder, (rule, seed) in AGAIN.items()
-        if (SCREENS / folder).is_dir()
     }
-    siblings = {  # folder name -> (rule, seed, records)
-        folder.name: (*sibling_of(folder.name), steps_behind.mlm_records(folder))
+    siblings.update(
+        (folder.name, (*sibling_of(folder.name), steps_behind.mlm_records(folder)))
         for folder in sorted(SCREENS.glob(SIBLINGS))
-    }
+    )
     runs = {**{("lamb", *k): v for k, v in lamb.items()}, **{("default", *k): v for k, v in default.items()}}
     same: list[float] = []
     other: list[float] = []
@@ -133,9 +132,6 @@ def main() -> None:
     for (optimizer, workers, seed), records in sorted(runs.items()):
         value, noise = final(records)
         print(f"| {optimizer} {workers} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
-    for name, (_, seed, records) in again.items():
-        value, noise = final(records)
-        print(f"| {name} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
     for name, (_, seed, records) in siblings.items():
         value, noise = final(records)
         print(f"| {name} | {seed} | {value:.4f} | {noise:.4f} | {last_mean(records):.4f} |")
@@ -146,7 +142,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|")
     sibling_pairs = []  # a seed's run again, or its sibling (attention eager), over its run there
-    for name, (rule, seed, records) in {**again, **siblings}.items():
+    for name, (rule, seed, records) in siblings.items():
         run = lamb if rule == "lamb" else default
         sibling_pairs.append((f"{name} / {rule} sim32", relative(records, run["sim32", seed])))
     pairs = [
@@ -185,7 +181,7 @@ def main() -> None:
         for rule in ("lamb", "default")
         for seed in SEEDS
     }
-    for name, (rule, seed, records) in {**again, **siblings}.items():
+    for name, (rule, seed, records) in siblings.items():
         realizations[rule, seed][name] = records
     print("the default's cost at 32 simulated workers, every realization of each rule paired by seed:\n")
     print(f"| seed | the default | LAMB | last {LAST} steps | final |")
