@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pretrain.observability.machine import cpu_model
+
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results" / "bench"
 
 
@@ -30,19 +32,6 @@ class Record:
     def __post_init__(self) -> None:
         if self.ratio is None and self.peer_value not in (None, 0):
             self.ratio = self.value / self.peer_value  # type: ignore[operator]
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the platform's processor string: the same code measures
-    differently on different CPUs (the numba passes were 11x apart on two of this project's machines)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine_info() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from data.shards import load_manifest
 from pretrain.comm.kernels import describe_kernels
 from pretrain.config import TrainConfig
 from pretrain.distributed.process_group import DistributedEnv
+from pretrain.observability.machine import cpu_model, gpu_model
 from pretrain.observability.metrics import (
     ConsoleLogger,
     FanoutLogger,
@@ -49,6 +50,9 @@ class RunRecords:
             world_size=self.env.world_size,
             # what the compressed allreduce runs on this device (numba, compiled, or torch ops + a packer)
             comm_kernels=describe_kernels(self.env.device) if self.compressed_exchange else None,
+            # the machine of this start (a resume rewrites it): its floats set which realization a seed gives
+            cpu_model=cpu_model(),
+            gpu_model=gpu_model(self.env.device),
             # the overrides this process was started with (None when not started as `python -m pretrain`)
             command=" ".join(["python -m pretrain", *sys.argv[1:]]) if _started_as_pretrain() else None,
         )
