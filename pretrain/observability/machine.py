@@ -1,5 +1,7 @@
 """Which machine a run's numbers come from: the same code and seed give different floats on different
-CPUs (their math libraries take different code paths), so a run's config names its CPU and GPU."""
+CPUs (their math libraries take different code paths), and the same code measures differently (the numba
+passes were 11x apart on two of this project's machines), so a run's config and each benchmark record name
+the CPU, and a run's config its GPU."""
 
 from __future__ import annotations
 
