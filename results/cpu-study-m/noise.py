@@ -84,6 +84,11 @@ def sibling_of(name: str) -> tuple[str, int]:
     return ("default" if optim == "onebit_lamb" else optim), int(seed)
 
 
+def again_label(rule: str, seed: int) -> str:
+    """A run again's row label: its rule and seed, so each run again of one rule keeps its own row."""
+    return f"{rule} sim32 s{seed} run again"
+
+
 def realization_spread(differences: Sequence[float]) -> float:
     """One run's spread from pairs of realizations (each pair's difference carries two runs' noise): the
     pairs' root mean square over sqrt(2)."""
@@ -107,7 +112,7 @@ def main() -> None:
     lamb = {(w, s): steps_behind.mlm_records(run_folder(arm, s)) for w, arm in LAMB.items() for s in SEEDS}
     default = {(w, s): steps_behind.mlm_records(run_folder(a, s)) for w, a in DEFAULT.items() for s in SEEDS}
     siblings = {  # label -> (rule, seed, records): each run again, then sibling.sh's runs (by folder name)
-        f"{rule} sim32 run again": (rule, seed, steps_behind.mlm_records(SCREENS / folder))
+        again_label(rule, seed): (rule, seed, steps_behind.mlm_records(SCREENS / folder))
         for folder, (rule, seed) in AGAIN.items()
     }
     siblings.update(

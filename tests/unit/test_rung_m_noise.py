@@ -50,6 +50,13 @@ def test_a_sibling_folder_names_its_rule_and_seed():
     assert noise.sibling_of("sibling-onebit_lamb-eager-s1") == ("default", 1)
 
 
+def test_each_run_again_keeps_its_own_row():
+    labels = {noise.again_label(rule, seed) for rule, seed in [("default", 1), ("default", 3), ("lamb", 1)]}
+    assert len(labels) == 3
+    assert noise.again_label("default", 3) == "default sim32 s3 run again"
+    assert len({noise.again_label(rule, seed) for rule, seed in noise.AGAIN.values()}) == len(noise.AGAIN)
+
+
 def test_one_runs_spread_is_its_sibling_pairs_root_mean_square_over_root_two():
     # two pairs of realizations, each pair's difference the sum of two runs' independent noise
     assert math.isclose(noise.realization_spread([0.02, -0.02]), 0.02 / math.sqrt(2))
